@@ -1,0 +1,51 @@
+"""Readable renderings of trace steps for the terminal: one line per step, then the answer."""
+from __future__ import annotations
+
+from metarag.records import Answer, Decide, Generate, Judge, Retrieve, Score, Step, Trace, Usage
+
+
+def format_usage(u: Usage) -> str:
+    parts = [f"{u.latency_s:.2f} s"]
+    if u.llm_requests:
+        tok = f"{u.prompt_tokens}+{u.completion_tokens} tok"
+        if u.cached_tokens:
+            tok += f" ({u.cached_tokens} cached)"
+        parts.append(tok)
+    if u.cache_hits:
+        parts.append("from response cache")
+    return ", ".join(parts)
+
+
+def format_step(step: Step) -> str:
+    """One step as a line (a few for retrieval: one per passage title)."""
+    if isinstance(step, Retrieve):
+        titles = "\n".join(f"      {i}. {h.passage.title}  ({h.retriever} {h.score:.3f})"
+                           for i, h in enumerate(step.hits, 1))
+        return f"  retrieve  [{format_usage(step.usage)}] {step.query!r} -> {len(step.hits)} passages\n{titles}"
+    if isinstance(step, Generate):
+        text = " ".join(step.text.split())
+        return f"  generate  [{format_usage(step.usage)}] {step.purpose}: {text[:300]}"
+    if isinstance(step, Score):
+        probs = ", ".join(f"P({label})={p:.3f}" for label, p in zip(step.labels, step.probs))
+        return f"  score     [{format_usage(step.usage)}] {step.purpose}: {probs}"
+    if isinstance(step, Judge):
+        score = f" ({step.score:.3f})" if step.score is not None else ""
+        return f"  judge     [{format_usage(step.usage)}] {step.name}: {step.verdict}{score}"
+    if isinstance(step, Decide):
+        signals = ", ".join(f"{k}={v:.3f}" for k, v in step.signals.items())
+        return f"  decide    {step.name}: {step.choice}" + (f" ({signals})" if signals else "")
+    if isinstance(step, Answer):
+        return f"  answer    {step.text}"
+    return f"  {step.kind}"
+
+
+def format_trace(trace: Trace, *, header_only: bool = False) -> str:
+    """The whole trace (or, with header_only, the summary after live step lines were printed)."""
+    lines = [] if header_only else [f"Q: {trace.question}  [{trace.method}]",
+                                    *(format_step(s) for s in trace.steps)]
+    u = trace.usage
+    lines.append(f"Answer: {trace.answer}" if trace.error is None else f"Error: {trace.error}")
+    lines.append(f"Total: {u.latency_s:.2f} s, {u.llm_requests} LLM requests, {u.prompt_tokens} prompt + "
+                 f"{u.completion_tokens} completion tokens ({u.cached_tokens} cached), "
+                 f"{u.retrieval_calls} retrieval calls")
+    return "\n".join(lines)

@@ -1,0 +1,1 @@
+"""llm stage of metarag."""

@@ -1,0 +1,240 @@
+"""The embedded default back-end: a GGUF model run in-process by llama.cpp (llama-cpp-python).
+
+Decoding is done here token by token from the context's logits, so every request can return token
+log-probabilities and next-token label probabilities without `logits_all` (which would store a
+vocabulary-sized row per prompt token). KV-cache reuse: a request whose prompt shares a prefix with
+the state in the context evaluates only the new tokens; beyond that, the states after the last few
+distinct prompts are kept in memory (`prefix_cache_mb`), so alternating between two evidence
+prompts does not recompute either. Put passages first and the varying part last to benefit.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import time
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from metarag.errors import BackendError, ConfigError, MissingDependency
+from metarag.llm.base import Decoding, Prompt, as_messages, is_raw
+from metarag.llm.models import check_gguf_path, embedded_model, ensure_gguf, file_sha256
+from metarag.records import Completion, LabelScores, Message, TokenLogprob, Usage
+
+
+@dataclass(frozen=True)
+class LlamaCppSettings:
+    """How to load and run a GGUF. `embedded` names a model carried by PyPI wheels
+    (`metarag.llm.models.EMBEDDED_MODELS`); `gguf` is any other GGUF file by path and wins when
+    given. `n_threads` None means all cores. `prefix_cache_mb` bounds the saved KV states."""
+
+    embedded: str | None = "qwen2.5-coder-1.5b-instruct"
+    gguf: str | None = None
+    n_ctx: int = 4096
+    n_batch: int = 512
+    n_threads: int | None = None
+    prefix_cache_mb: int = 1024
+    min_cached_prefix: int = 64  # shorter prompts are cheap to recompute: not worth a saved state
+
+
+class LlamaCppLLM:
+    """The LLM protocol over llama.cpp, with the GGUF's own chat template."""
+
+    def __init__(self, settings: LlamaCppSettings = LlamaCppSettings()):
+        if settings.gguf:
+            path = check_gguf_path(settings.gguf)
+            name = path.name
+        elif settings.embedded:
+            model = embedded_model(settings.embedded)
+            path, name = ensure_gguf(model), model.name
+        else:
+            raise ConfigError("the llama.cpp back-end needs an embedded model name or a GGUF path")
+        try:
+            import llama_cpp
+        except ModuleNotFoundError:
+            raise MissingDependency("llama-cpp-python", "embedded") from None
+        self._lib = llama_cpp
+        self.settings = settings
+        self.path = path
+        self.identity = f"llama.cpp:{name}:sha256={file_sha256(path)[:16]}"
+        try:
+            self._llm = llama_cpp.Llama(model_path=str(path), n_ctx=settings.n_ctx, n_batch=settings.n_batch,
+                                        n_threads=settings.n_threads or os.cpu_count(), verbose=False)
+        except (ValueError, RuntimeError) as exc:
+            raise BackendError(f"llama.cpp could not load {path}: {exc}") from None
+        self._vocab = self._llm._model.vocab
+        self._n_vocab = self._llm.n_vocab()
+        self._formatter = self._chat_formatter()
+        self._states: OrderedDict[tuple[int, ...], bytes] = OrderedDict()
+        self._state_bytes = 0
+
+    # -------------------------------------------------------------------------------- protocol
+    def complete(self, prompt: str, decoding: Decoding = Decoding()) -> Completion:
+        return self._generate(self.tokenize(prompt), decoding)
+
+    def chat(self, messages: Sequence[Message], decoding: Decoding = Decoding()) -> Completion:
+        return self._generate(self.tokenize(self.render(messages)), decoding)
+
+    def score_labels(self, prompt: Prompt, labels: Sequence[str]) -> LabelScores:
+        """Softmax probability of each label's first token at the next position. Label strings are
+        tokenized as written ("Yes", not " Yes"): after a chat template's assistant header the model's
+        first token carries no leading space."""
+        messages = as_messages(prompt)
+        text = messages[0].content if is_raw(messages) else self.render(messages)
+        start = time.perf_counter()
+        tokens = self.tokenize(text)
+        cached = self._evaluate(tokens)
+        logprobs = self._logprobs()
+        probs = []
+        for label in labels:
+            label_tokens = self._llm.tokenize(label.encode(), add_bos=False, special=False)
+            if not label_tokens:
+                raise ConfigError(f"label {label!r} has no tokens")
+            probs.append(float(np.exp(logprobs[label_tokens[0]])))
+        usage = Usage(prompt_tokens=len(tokens), cached_tokens=cached,
+                      latency_s=time.perf_counter() - start, llm_requests=1)
+        return LabelScores(tuple(labels), tuple(probs), usage)
+
+    # ------------------------------------------------------------------------------ templating
+    def render(self, messages: Sequence[Message]) -> str:
+        """Messages rendered with the GGUF's chat template, the assistant turn opened."""
+        return self._formatter(messages=[{"role": m.role, "content": m.content} for m in messages]).prompt
+
+    def tokenize(self, text: str) -> list[int]:
+        tokens = self._llm.tokenize(text.encode("utf-8"), add_bos=True, special=True)
+        if len(tokens) >= self.settings.n_ctx:
+            raise BackendError(f"prompt of {len(tokens)} tokens does not fit the context of "
+                               f"{self.settings.n_ctx} tokens (raise n_ctx or retrieve fewer passages)")
+        return tokens
+
+    def _chat_formatter(self):
+        from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+        template = self._llm.metadata.get("tokenizer.chat_template")
+        if not template:
+            raise BackendError(f"{self.path} carries no chat template; use complete() with a raw prompt")
+        model = self._llm._model
+        eos, bos = self._llm.token_eos(), self._llm.token_bos()
+        return Jinja2ChatFormatter(template=template,
+                                   eos_token=model.token_get_text(eos) if eos != -1 else "",
+                                   bos_token=model.token_get_text(bos) if bos != -1 else "",
+                                   add_generation_prompt=True)
+
+    # -------------------------------------------------------------------------------- decoding
+    def _generate(self, tokens: list[int], decoding: Decoding) -> Completion:
+        start = time.perf_counter()
+        cached = self._evaluate(tokens)
+        budget = min(decoding.max_tokens, self.settings.n_ctx - len(tokens) - 1)
+        rng = np.random.default_rng(decoding.seed)
+        out: list[int] = []
+        text_bytes = b""
+        top: list[TokenLogprob] = []
+        finish = "length"
+        text = ""
+        while len(out) < budget:
+            logits = self._logits()
+            if decoding.temperature <= 0:
+                token = int(np.argmax(logits))
+            else:
+                scaled = (logits - logits.max()) / decoding.temperature
+                p = np.exp(scaled)
+                token = int(rng.choice(self._n_vocab, p=p / p.sum()))
+            if self._lib.llama_vocab_is_eog(self._vocab, token):
+                finish = "stop"
+                break
+            if decoding.logprobs:
+                lp = self._logprobs(logits)
+                best = np.argpartition(-lp, decoding.logprobs)[: decoding.logprobs]
+                best = best[np.argsort(-lp[best])]
+                top.append(TokenLogprob(self._piece(token), float(lp[token]),
+                                        tuple((self._piece(int(t)), float(lp[t])) for t in best)))
+            out.append(token)
+            text_bytes += self._llm.detokenize([token], prev_tokens=tokens + out[:-1])
+            text = text_bytes.decode("utf-8", errors="ignore")
+            hit = [text.find(s) for s in decoding.stop if s and s in text]
+            if hit:
+                text, finish = text[: min(hit)], "stop"
+                break
+            self._llm.eval([token])
+        else:
+            text = text_bytes.decode("utf-8", errors="replace")
+        usage = Usage(prompt_tokens=len(tokens), completion_tokens=len(out), cached_tokens=cached,
+                      latency_s=time.perf_counter() - start, llm_requests=1)
+        return Completion(text, usage, tuple(top) if decoding.logprobs else None, finish)
+
+    def _evaluate(self, tokens: list[int]) -> int:
+        """Bring the context to the state after `tokens`, recomputing as little as possible; returns
+        how many prompt tokens were reused from the KV cache."""
+        llm = self._llm
+        reused = _common_prefix(llm._input_ids.tolist(), tokens)
+        saved = self._best_saved(tokens)
+        if saved is not None and len(saved) > reused and _common_prefix(saved, tokens) > reused:
+            self._restore(saved)
+            reused = _common_prefix(saved, tokens)
+        reused = min(reused, len(tokens) - 1)  # one token is always evaluated to produce fresh logits
+        llm.n_tokens = reused
+        try:
+            llm.eval(tokens[reused:])
+        except RuntimeError as exc:
+            raise BackendError(f"llama.cpp failed to evaluate the prompt: {exc}") from None
+        if len(tokens) >= self.settings.min_cached_prefix:
+            self._save(tokens)
+        return reused
+
+    def _logits(self) -> np.ndarray:
+        ptr = self._lib.llama_get_logits_ith(self._llm._ctx.ctx, -1)
+        return np.ctypeslib.as_array(ptr, shape=(self._n_vocab,)).astype(np.float32, copy=True)
+
+    def _logprobs(self, logits: np.ndarray | None = None) -> np.ndarray:
+        logits = self._logits() if logits is None else logits
+        shifted = logits - logits.max()
+        return shifted - np.log(np.exp(shifted).sum())
+
+    def _piece(self, token: int) -> str:
+        return self._llm.detokenize([token]).decode("utf-8", errors="replace")
+
+    # ----------------------------------------------------------------------- saved KV states
+    def _best_saved(self, tokens: list[int]) -> tuple[int, ...] | None:
+        best, best_len = None, 0
+        for key in self._states:
+            n = _common_prefix(key, tokens)
+            if n > best_len:
+                best, best_len = key, n
+        return best
+
+    def _save(self, tokens: list[int]) -> None:
+        key = tuple(tokens)
+        if key in self._states:
+            self._states.move_to_end(key)
+            return
+        ctx = self._llm._ctx.ctx
+        size = self._lib.llama_state_get_size(ctx)
+        buffer = (ctypes.c_uint8 * size)()
+        n = self._lib.llama_state_get_data(ctx, buffer, size)
+        state = bytes(buffer[:n]) if n < size else bytes(buffer)
+        self._states[key] = state
+        self._state_bytes += len(state)
+        limit = self.settings.prefix_cache_mb << 20
+        while self._state_bytes > limit and len(self._states) > 1:
+            _, old = self._states.popitem(last=False)
+            self._state_bytes -= len(old)
+
+    def _restore(self, key: tuple[int, ...]) -> None:
+        state = self._states[key]
+        self._states.move_to_end(key)
+        buffer = (ctypes.c_uint8 * len(state)).from_buffer_copy(state)
+        if self._lib.llama_state_set_data(self._llm._ctx.ctx, buffer, len(state)) != len(state):
+            raise BackendError("llama.cpp could not restore a saved KV state")
+        self._llm.input_ids[: len(key)] = key
+        self._llm.n_tokens = len(key)
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n

@@ -1,0 +1,1 @@
+"""methods stage of metarag."""

@@ -1,0 +1,40 @@
+"""Method names -> lazy import paths of each method and its settings class."""
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+from typing import Any
+
+from metarag.errors import ConfigError, close_matches
+from metarag.settings import override
+
+# name: (module, method class, settings class)
+METHODS: dict[str, tuple[str, str, str]] = {
+    "closed-book": ("metarag.methods.closed_book", "ClosedBook", "ClosedBookSettings"),
+    "cot": ("metarag.methods.cot", "ChainOfThought", "CoTSettings"),
+    "standard-rag": ("metarag.methods.standard_rag", "StandardRAG", "StandardRAGSettings"),
+}
+
+# Methods that never retrieve: a run of them needs no corpus and loads no index.
+CLOSED_BOOK = frozenset({"closed-book", "cot"})
+
+
+def method_settings(name: str, values: Mapping[str, Any] | None = None) -> Any:
+    """The resolved settings of method `name`: its paper defaults with `values` applied."""
+    module, _, settings_cls = _entry(name)
+    settings = getattr(importlib.import_module(module), settings_cls)()
+    return override(settings, values or {}, owner=f"method {name!r}")
+
+
+def build_method(name: str, values: Mapping[str, Any] | None = None):
+    """An instance of method `name` with its settings overridden by `values`."""
+    module, method_cls, _ = _entry(name)
+    settings = method_settings(name, values)
+    return getattr(importlib.import_module(module), method_cls)(settings)
+
+
+def _entry(name: str) -> tuple[str, str, str]:
+    try:
+        return METHODS[name]
+    except KeyError:
+        raise ConfigError(f"unknown method {name!r}{close_matches(name, METHODS)}") from None

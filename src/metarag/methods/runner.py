@@ -1,0 +1,86 @@
+"""THE loop: runs any method's policy on a question, carries out its actions, records every step
+with its Usage and returns the Trace. The CLI, the evaluation harness and any UI all call `run`."""
+from __future__ import annotations
+
+import time
+import traceback
+from collections.abc import Callable, Generator
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from metarag.errors import ConfigError, MetaRAGError
+from metarag.llm.base import LLM, generate
+from metarag.methods.actions import Action, Ask, Note, Probe, Search
+from metarag.records import Answer, Decide, Generate, Question, Retrieve, Score, Step, Trace, Usage
+from metarag.retrieve.base import Retriever
+
+Policy = Generator[Action, Any, str]
+
+
+class Method(Protocol):
+    """A method is a policy over the shared loop: `policy(question)` yields actions and returns the
+    final short answer."""
+
+    name: str
+
+    def policy(self, question: Question) -> Policy: ...
+
+
+@dataclass
+class Runtime:
+    """The components a run carries out actions with. `retriever` is None for closed-book runs."""
+
+    llm: LLM
+    retriever: Retriever | None = None
+
+
+def run(method: Method, question: Question, runtime: Runtime,
+        on_step: Callable[[Step], None] | None = None) -> Trace:
+    """Run `method` on `question`; never raises for a failure inside the method: the trace records
+    the error (with the steps done before it) and the caller decides what to do with it."""
+    steps: list[Step] = []
+    policy = method.policy(question)
+    reply: Any = None
+    try:
+        while True:
+            action = policy.send(reply)
+            step, reply = execute(action, runtime)
+            steps.append(step)
+            if on_step is not None:
+                on_step(step)
+    except StopIteration as stop:
+        answer = (stop.value or "").strip()
+        final = Answer(Usage(), answer)
+        steps.append(final)
+        if on_step is not None:
+            on_step(final)
+        return Trace(question.id, question.text, method.name, tuple(steps), answer=answer)
+    except MetaRAGError as exc:
+        error = f"{type(exc).__name__}: {exc}"
+    except Exception as exc:  # a bug or a library failure: keep the run going, keep the evidence
+        where = traceback.extract_tb(exc.__traceback__)[-1]
+        error = f"{type(exc).__name__}: {exc} (at {where.filename}:{where.lineno})"
+    finally:
+        policy.close()
+    return Trace(question.id, question.text, method.name, tuple(steps), error=error)
+
+
+def execute(action: Action, runtime: Runtime) -> tuple[Step, Any]:
+    """Carry out one action; return the step that records it and the reply for the policy."""
+    if isinstance(action, Search):
+        if runtime.retriever is None:
+            raise ConfigError("this method retrieves, but the run has no retriever (give --corpus)")
+        start = time.perf_counter()
+        hits = runtime.retriever.search(action.query, action.k, exclude=action.exclude)
+        usage = Usage(latency_s=time.perf_counter() - start, retrieval_calls=1)
+        return Retrieve(usage, action.query, action.k, tuple(hits)), hits
+    if isinstance(action, Ask):
+        completion = generate(runtime.llm, action.prompt, action.decoding)
+        return Generate(completion.usage, action.purpose, action.prompt, completion.text,
+                        completion.logprobs), completion
+    if isinstance(action, Probe):
+        scores = runtime.llm.score_labels(action.prompt, action.labels)
+        return Score(scores.usage, action.purpose, action.prompt, scores.labels, scores.probs), scores
+    if isinstance(action, Note):
+        return Decide(Usage(), action.name, action.choice, dict(action.signals)), None
+    raise TypeError(f"a method yielded {action!r}, which is not an action")

@@ -1,0 +1,92 @@
+"""The entry points front ends call: build a method, open a corpus's retriever, answer a question.
+
+Each function resolves names and settings first (failing fast on a mistake), then loads models.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from importlib import resources
+from pathlib import Path
+
+from metarag.errors import ConfigError, close_matches
+from metarag.llm.base import LLM
+from metarag.llm.registry import LLMSpec, make_llm
+from metarag.methods.registry import CLOSED_BOOK, build_method
+from metarag.methods.runner import Method, Runtime, run
+from metarag.records import Passage, Question, Step, Trace
+from metarag.retrieve.base import Retriever
+from metarag.settings import parse_assignments
+
+RETRIEVERS = ("bm25", "dense")
+DEMO_CORPUS = "hotpotqa_train100_corpus.jsonl"
+DEMO_QUESTIONS = "hotpotqa_train100.json"
+
+
+def demo_file(name: str) -> Path:
+    """A file of the HotpotQA train100 demo shipped inside the package."""
+    path = Path(str(resources.files("metarag") / "demo" / name))
+    if not path.exists():
+        raise ConfigError(f"the demo file {name} is missing from the installed package")
+    return path
+
+
+def method_from_args(name: str, k: int | None = None, assignments: Sequence[str] = ()) -> Method:
+    """A method from its name, an optional k and `key=value` overrides."""
+    values: dict[str, str | int] = dict(parse_assignments(list(assignments)))
+    if k is not None and name not in CLOSED_BOOK:
+        values["k"] = k
+    return build_method(name, values)
+
+
+def load_passages(corpus: str | Path | None) -> list[Passage]:
+    from metarag.data.corpus import load_corpus
+
+    return load_corpus(corpus if corpus is not None else demo_file(DEMO_CORPUS))
+
+
+def open_retriever(passages: list[Passage], kind: str = "bm25", index_dir: str | Path | None = None
+                   ) -> Retriever:
+    """The retriever `kind` over `passages`, its index built once and reused while it matches."""
+    from metarag.retrieve import index
+
+    if kind not in RETRIEVERS:
+        raise ConfigError(f"unknown retriever {kind!r}{close_matches(kind, RETRIEVERS)}")
+    root = Path(index_dir) if index_dir else index.default_index_dir(passages)
+    return index.open_bm25(passages, root) if kind == "bm25" else index.open_dense(passages, root)
+
+
+def answer_question(text: str, method: Method, *, corpus: str | Path | None = None,
+                    retriever: str = "bm25", index_dir: str | Path | None = None,
+                    llm_spec: LLMSpec = LLMSpec(), llm: LLM | None = None,
+                    on_step: Callable[[Step], None] | None = None) -> Trace:
+    """Run `method` on one free-text question over `corpus` (the demo corpus by default)."""
+    if not text.strip():
+        raise ConfigError("the question is empty")
+    found = None
+    if method.name not in CLOSED_BOOK:
+        found = open_retriever(load_passages(corpus), retriever, index_dir)
+    runtime = Runtime(llm=llm if llm is not None else make_llm(llm_spec), retriever=found)
+    return run(method, Question(id="ask", text=text.strip()), runtime, on_step=on_step)
+
+
+def build_indexes(corpus: str | Path | None, kinds: Sequence[str], index_dir: str | Path | None = None
+                  ) -> list[str]:
+    """Build or reuse each index kind of `corpus`; one report line per index."""
+    from metarag.retrieve import index
+
+    kinds = [k.strip() for k in kinds if k.strip()]
+    for kind in kinds:
+        if kind not in RETRIEVERS:
+            raise ConfigError(f"unknown retriever {kind!r}{close_matches(kind, RETRIEVERS)}")
+    passages = load_passages(corpus)
+    root = Path(index_dir) if index_dir else index.default_index_dir(passages)
+    lines = []
+    for kind in kinds:
+        start = time.perf_counter()
+        retriever = open_retriever(passages, kind, root)
+        elapsed = time.perf_counter() - start
+        stats = index.index_stats(Path(retriever.index_dir)) if hasattr(retriever, "index_dir") else {}
+        lines.append(f"{kind}: {len(passages)} passages, ready in {elapsed:.1f} s, "
+                     f"{stats.get('bytes', 0) / 1e6:.1f} MB on disk at {stats.get('path', root)}")
+    return lines

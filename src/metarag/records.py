@@ -1,0 +1,284 @@
+"""The records every stage passes along: questions, passages, hits, completions, usage and traces.
+
+Frozen dataclasses, no I/O. Traces serialize to plain JSON (one trace per line in a run's
+results.jsonl) and load back to equal objects; `to_json` / `from_json` do both.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Union
+
+
+@dataclass(frozen=True)
+class Passage:
+    """One retrievable unit of a corpus."""
+
+    id: str
+    title: str
+    text: str
+
+    def contents(self) -> str:
+        """Title and text as one string, the form that is indexed and shown to models."""
+        return f"{self.title}\n{self.text}" if self.title else self.text
+
+
+@dataclass(frozen=True)
+class Question:
+    """A benchmark question with its gold answers (first the answer, then aliases)."""
+
+    id: str
+    text: str
+    answers: tuple[str, ...] = ()
+    supporting_ids: tuple[str, ...] = ()
+    type: str | None = None
+    hops: int | None = None
+
+
+@dataclass(frozen=True)
+class Hit:
+    """A passage as one retriever ranked it."""
+
+    passage: Passage
+    score: float
+    retriever: str
+
+
+@dataclass(frozen=True)
+class Usage:
+    """What one step cost. A trace's cost is the sum of its steps' Usage, never a side counter.
+
+    `cached_tokens` are prompt tokens the back-end did not recompute (KV-cache prefix reuse or a
+    server's prompt cache); `cache_hits` counts requests answered from metarag's persistent response
+    cache, whose token counts are those of the original request and whose latency is the lookup's.
+    """
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    latency_s: float = 0.0
+    llm_requests: int = 0
+    retrieval_calls: int = 0
+    cache_hits: int = 0
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(*(getattr(self, f.name) + getattr(other, f.name) for f in dataclasses.fields(self)))
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+@dataclass(frozen=True)
+class Message:
+    """One chat turn."""
+
+    role: str
+    content: str
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """A generated token with its log-probability and the top alternatives at that position."""
+
+    token: str
+    logprob: float
+    top: tuple[tuple[str, float], ...] = ()
+
+
+@dataclass(frozen=True)
+class Completion:
+    """What an LLM returned for one request."""
+
+    text: str
+    usage: Usage = Usage()
+    logprobs: tuple[TokenLogprob, ...] | None = None
+    finish_reason: str = "stop"
+
+
+@dataclass(frozen=True)
+class LabelScores:
+    """Probability of each label's first token as the model's next token (`LLM.score_labels`)."""
+
+    labels: tuple[str, ...]
+    probs: tuple[float, ...]
+    usage: Usage = Usage()
+
+    def prob(self, label: str) -> float:
+        return self.probs[self.labels.index(label)]
+
+    def normalized(self) -> dict[str, float]:
+        """The label probabilities renormalized over the labels alone (uniform if all are 0)."""
+        total = sum(self.probs)
+        if total <= 0:
+            return {label: 1.0 / len(self.labels) for label in self.labels}
+        return {label: p / total for label, p in zip(self.labels, self.probs)}
+
+    def best(self) -> str:
+        return self.labels[max(range(len(self.labels)), key=self.probs.__getitem__)]
+
+
+# ----------------------------------------------------------------------------------------- steps
+@dataclass(frozen=True)
+class Step:
+    """Base of the typed, append-only trace steps; `kind` names the subclass in JSON."""
+
+    kind: ClassVar[str] = "step"
+    usage: Usage
+
+
+@dataclass(frozen=True)
+class Retrieve(Step):
+    """A retrieval call: the query as sent and the hits that came back, best first."""
+
+    kind: ClassVar[str] = "retrieve"
+    query: str
+    k: int
+    hits: tuple[Hit, ...]
+
+
+@dataclass(frozen=True)
+class Generate(Step):
+    """An LLM generation; `purpose` says what the method asked it for (answer, reason, rewrite...)."""
+
+    kind: ClassVar[str] = "generate"
+    purpose: str
+    prompt: tuple[Message, ...]
+    text: str
+    logprobs: tuple[TokenLogprob, ...] | None = None
+
+
+@dataclass(frozen=True)
+class Score(Step):
+    """A next-token label probability read (`LLM.score_labels`), e.g. a yes/no probe."""
+
+    kind: ClassVar[str] = "score"
+    purpose: str
+    prompt: tuple[Message, ...]
+    labels: tuple[str, ...]
+    probs: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class Judge(Step):
+    """A judge's verdict (similarity, entailment, sufficiency ...) with its score and input sizes."""
+
+    kind: ClassVar[str] = "judge"
+    name: str
+    verdict: str
+    score: float | None = None
+    inputs: dict[str, int] = field(default_factory=dict)
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class Decide(Step):
+    """A control decision a method took (a metacognitive transition, RETRIEVE vs THINK ...)."""
+
+    kind: ClassVar[str] = "decide"
+    name: str
+    choice: str
+    signals: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Answer(Step):
+    """The method's final short answer; always the last step of a successful trace."""
+
+    kind: ClassVar[str] = "answer"
+    text: str
+
+
+STEP_TYPES: dict[str, type[Step]] = {cls.kind: cls for cls in (Retrieve, Generate, Score, Judge, Decide, Answer)}
+
+
+@dataclass(frozen=True)
+class Trace:
+    """Everything one method did on one question, in order, with the final answer or the error."""
+
+    question_id: str
+    question: str
+    method: str
+    steps: tuple[Step, ...] = ()
+    answer: str | None = None
+    error: str | None = None
+
+    @property
+    def usage(self) -> Usage:
+        total = Usage()
+        for step in self.steps:
+            total = total + step.usage
+        return total
+
+    def of_kind(self, cls: type[Step]) -> list:
+        return [s for s in self.steps if isinstance(s, cls)]
+
+    def retrieved_ids(self) -> list[str]:
+        """Ids of every passage retrieved, in order of first appearance."""
+        seen: dict[str, None] = {}
+        for step in self.of_kind(Retrieve):
+            for hit in step.hits:
+                seen.setdefault(hit.passage.id, None)
+        return list(seen)
+
+    def to_json(self) -> str:
+        return json.dumps(to_plain(self), ensure_ascii=False)
+
+    @classmethod
+    def from_json(cls, line: str) -> Trace:
+        return from_plain(cls, json.loads(line))
+
+
+# ------------------------------------------------------------------------------------ JSON codec
+def to_plain(obj: Any) -> Any:
+    """A record as JSON-ready values; steps carry their `kind` so a trace loads back exactly."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        out = {f.name: to_plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+        if isinstance(obj, Step):
+            out = {"kind": obj.kind, **out}
+        return out
+    if isinstance(obj, (tuple, list)):
+        return [to_plain(x) for x in obj]
+    if isinstance(obj, dict):
+        return {str(k): to_plain(v) for k, v in obj.items()}
+    return obj
+
+
+_HINTS: dict[type, dict[str, Any]] = {}
+
+
+def from_plain(tp: Any, value: Any) -> Any:
+    """Rebuild a value of type `tp` (a record class or a typing form) from `to_plain` output."""
+    origin = typing.get_origin(tp)
+    if tp is Any:
+        return value
+    if origin in (Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        rest = [a for a in args if a is not type(None)]
+        return from_plain(rest[0], value)
+    if origin is tuple:
+        args = typing.get_args(tp)
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(from_plain(args[0], v) for v in value)
+        return tuple(from_plain(a, v) for a, v in zip(args, value))
+    if origin is dict:
+        kt, vt = typing.get_args(tp)
+        return {from_plain(kt, k): from_plain(vt, v) for k, v in value.items()}
+    if isinstance(tp, type) and issubclass(tp, Step):
+        if tp is Step:
+            tp = STEP_TYPES[value["kind"]]
+        value = {k: v for k, v in value.items() if k != "kind"}
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+        hints = _HINTS.get(tp)
+        if hints is None:
+            hints = _HINTS[tp] = typing.get_type_hints(tp)
+        names = {f.name for f in dataclasses.fields(tp)}
+        return tp(**{k: from_plain(hints[k], v) for k, v in value.items() if k in names})
+    if tp is float and isinstance(value, int):
+        return float(value)
+    return value
