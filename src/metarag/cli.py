@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Sequence
 
@@ -50,6 +49,39 @@ def build_parser() -> argparse.ArgumentParser:
     build.add_argument("--retrievers", default="bm25,dense",
                        help="which indexes to build, comma-separated (default: bm25,dense)")
     build.set_defaults(handler=cmd_index_build)
+
+    ev = sub.add_parser("eval", help="evaluate a method over a dataset (resumable)",
+                        description="Run a method over a dataset's questions. Each finished question is "
+                                    "written at once to runs/<run-id>/results.jsonl; re-running the same "
+                                    "command resumes where it stopped.")
+    add_eval_args(ev)
+    ev.set_defaults(handler=cmd_eval)
+
+    sw = sub.add_parser("sweep", help="evaluate a grid of settings (like the study's Table 3)",
+                        description="One evaluation per combination of --vary values, then a table of "
+                                    "EM, F1 and per-question counts for each.")
+    add_eval_args(sw)
+    sw.add_argument("--vary", action="append", default=[], metavar="KEY=V1,V2",
+                    help="a method setting and the values to try; repeatable (a grid)")
+    sw.add_argument("--plot", default=None, metavar="PNG", help="write metric-versus-value to this PNG")
+    sw.set_defaults(handler=cmd_sweep)
+
+    rp = sub.add_parser("report", help="tables, significance and breakdowns over finished runs",
+                        description="One markdown row per run (EM, F1, Prec, Rec, Acc, requests/q, "
+                                    "tokens/request, latency/request, retrieval calls/q, USD); with several "
+                                    "runs over the same questions, paired significance against a baseline.")
+    rp.add_argument("runs", nargs="+", metavar="RUN", help="run folders (runs/<run-id>)")
+    rp.add_argument("--baseline", default=None, metavar="RUN",
+                    help="the run others are tested against (default: the first)")
+    rp.add_argument("--test", action="append", default=None, choices=("t-test", "bootstrap", "randomization"),
+                    help="paired test(s) for the p-values; repeatable (default: t-test)")
+    rp.add_argument("--csv", default=None, metavar="PATH", help="also write the rows as CSV")
+    rp.add_argument("--plot", default=None, metavar="PNG", help="write F1 versus tokens per question")
+    rp.add_argument("--prices", default=None, metavar="JSON",
+                    help='price table {"model": {"input_per_1m": USD, "output_per_1m": USD}}')
+    rp.add_argument("--breakdown", action="store_true",
+                    help="also print each run's judge verdicts and decisions (study Table 2)")
+    rp.set_defaults(handler=cmd_report)
     return parser
 
 
@@ -85,10 +117,31 @@ def add_llm_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-cache", action="store_true", help="do not use the persistent response cache")
 
 
+def add_eval_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--method", required=True, help="method to evaluate")
+    p.add_argument("--dataset", default=None, metavar="PRESET",
+                   help="a named dataset (hotpotqa-dev500, 2wiki-dev1000, musique-train100, bamboogle, "
+                        "nq-1000, triviaqa-1000, popqa-1000, multihop-rag-500, demo, ...)")
+    p.add_argument("--dataset-file", default=None, metavar="PATH", help="a question file of your own")
+    p.add_argument("--format", default=None, help="its format, when not detected from the content")
+    p.add_argument("--corpus", default=None, metavar="PATH",
+                   help="retrieve from this corpus instead of the questions' own paragraphs")
+    p.add_argument("--limit", type=int, default=None, help="evaluate a seeded sample of N questions")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    p.add_argument("--workers", type=int, default=1,
+                   help="questions run concurrently (useful against a served model; 1 for embedded)")
+    p.add_argument("--retriever", default="bm25", choices=("bm25", "dense"), help="retriever (default bm25)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a method setting by name; repeatable")
+    p.add_argument("--runs-dir", default=None, help="where run folders go (default: $METARAG_RUNS or runs)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_llm_args(p)
+
+
 # ------------------------------------------------------------------------------------- commands
 def cmd_ask(args: argparse.Namespace) -> int:
-    from metarag.pipeline import answer_question, method_from_args
     from metarag.display import format_trace
+    from metarag.pipeline import answer_question, method_from_args
 
     if not args.question.strip():
         raise_config("the question is empty")
@@ -108,6 +161,74 @@ def cmd_index_build(args: argparse.Namespace) -> int:
 
     for line in build_indexes(args.corpus, args.retrievers.split(","), index_dir=args.index_dir):
         print(line)
+    return 0
+
+
+def eval_config_from_args(args: argparse.Namespace):
+    from metarag.evaluate.harness import DatasetSpec, EvalConfig, runs_dir_default
+    from metarag.settings import parse_assignments
+
+    dataset = DatasetSpec(preset=args.dataset, file=args.dataset_file, format=args.format,
+                          corpus=args.corpus, limit=args.limit, seed=args.seed)
+    return EvalConfig(method=args.method, dataset=dataset, llm=llm_spec_from_args(args),
+                      retriever=args.retriever, overrides=parse_assignments(args.set),
+                      workers=args.workers, runs_dir=args.runs_dir or runs_dir_default())
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from metarag.evaluate.harness import evaluate
+    from metarag.evaluate.report import load_run, report_table
+
+    store, results = evaluate(eval_config_from_args(args), progress=not args.quiet)
+    table, _ = report_table([load_run(store.path)], baseline=None)
+    print(table)
+    print(f"run folder: {store.path}")
+    return 0
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from metarag.evaluate.report import plot_sweep
+    from metarag.evaluate.sweep import parse_vary, sweep
+
+    grid = parse_vary(args.vary)
+    table, rows = sweep(eval_config_from_args(args), grid, progress=not args.quiet)
+    print(table)
+    if args.plot:
+        if len(grid) != 1:
+            raise_config("--plot draws one varied setting; give one --vary")
+        key = next(iter(grid))
+        print(f"plot: {plot_sweep(grid[key], rows, args.plot, key)}")
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from metarag.evaluate.cost import load_price_table
+    from metarag.evaluate.report import breakdown, load_run, plot_runs, report_table, write_csv
+
+    runs = [load_run(path) for path in args.runs]
+    baseline = 0
+    if args.baseline is not None:
+        names = [str(r.path) for r in runs]
+        base = load_run(args.baseline)
+        if str(base.path) not in names:
+            runs.insert(0, base)
+            names.insert(0, str(base.path))
+        baseline = names.index(str(base.path))
+    prices = load_price_table(args.prices) if args.prices else None
+    table, rows = report_table(runs, baseline=baseline, tests=tuple(args.test or ("t-test",)), prices=prices)
+    print(table)
+    if len(runs) > 1:
+        print(f"\n* p < 0.05 against {runs[baseline].name} (paired {', '.join(args.test or ('t-test',))} "
+              "on per-question EM / F1)")
+    if args.breakdown:
+        for run in runs:
+            print()
+            print(breakdown(run))
+    if args.csv:
+        write_csv(rows, args.csv)
+        print(f"csv: {args.csv}")
+    if args.plot:
+        print(f"plot: {plot_runs(rows, args.plot)}")
     return 0
 
 

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, Union, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 from metarag.records import Completion, LabelScores, Message
 
-Prompt = Union[str, Sequence[Message]]
+Prompt = str | Sequence[Message]
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -69,13 +70,17 @@ class LlamaCppLLM:
         self._formatter = self._chat_formatter()
         self._states: OrderedDict[tuple[int, ...], bytes] = OrderedDict()
         self._state_bytes = 0
+        # one context, one request at a time: harness workers > 1 queue here instead of corrupting it
+        self._lock = threading.Lock()
 
     # -------------------------------------------------------------------------------- protocol
     def complete(self, prompt: str, decoding: Decoding = Decoding()) -> Completion:
-        return self._generate(self.tokenize(prompt), decoding)
+        with self._lock:
+            return self._generate(self.tokenize(prompt), decoding)
 
     def chat(self, messages: Sequence[Message], decoding: Decoding = Decoding()) -> Completion:
-        return self._generate(self.tokenize(self.render(messages)), decoding)
+        with self._lock:
+            return self._generate(self.tokenize(self.render(messages)), decoding)
 
     def score_labels(self, prompt: Prompt, labels: Sequence[str]) -> LabelScores:
         """Softmax probability of each label's first token at the next position. Label strings are
@@ -85,8 +90,9 @@ class LlamaCppLLM:
         text = messages[0].content if is_raw(messages) else self.render(messages)
         start = time.perf_counter()
         tokens = self.tokenize(text)
-        cached = self._evaluate(tokens)
-        logprobs = self._logprobs()
+        with self._lock:
+            cached = self._evaluate(tokens)
+            logprobs = self._logprobs()
         probs = []
         for label in labels:
             label_tokens = self._llm.tokenize(label.encode(), add_bos=False, special=False)

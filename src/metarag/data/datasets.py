@@ -1,0 +1,239 @@
+"""Benchmark datasets: a question file (and optionally a corpus) in, a `Dataset` out; presets name them.
+
+Formats are parsed in `metarag.data.formats`. Here the questions' own paragraphs become the
+distractor pool, or a corpus file (`load_corpus`) replaces it, and each question's supporting
+paragraphs become ids of passages in that pool.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+import re
+from dataclasses import dataclass, replace
+from importlib import resources
+from pathlib import Path
+from typing import NamedTuple
+
+from metarag.data.corpus import load_corpus, passage_id
+from metarag.data.formats import FORMATS, ParsedQuestion, detect_format, parse_questions, read_question_file
+from metarag.errors import ConfigError, DataError, close_matches
+from metarag.records import Passage, Question
+
+__all__ = ["DEMO", "FORMATS", "PRESETS", "Dataset", "Preset", "find_data_dir", "load_dataset",
+           "resolve_preset", "sample"]
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """A benchmark's questions, the passage pool they are asked over, and where both came from.
+
+    `passages` is the distractor pool (the union of the questions' own paragraphs) or the corpus
+    given with `corpus=`; None when the format has no paragraphs and no corpus was given.
+    `contexts` holds, aligned with `questions`, the ids of each question's own paragraphs when the
+    pool was built from them (None otherwise). `missing_support` counts, per question, the
+    supporting paragraphs that could not be mapped to a passage of the pool.
+    """
+
+    name: str
+    questions: tuple[Question, ...]
+    passages: tuple[Passage, ...] | None
+    path: str
+    sha256: str
+    format: str
+    contexts: tuple[tuple[str, ...], ...] | None = None
+    missing_support: tuple[int, ...] = ()
+    corpus: str | None = None
+
+    @property
+    def unmapped_support(self) -> int:
+        """How many supporting paragraphs, over all questions, have no passage in the pool."""
+        return sum(self.missing_support)
+
+
+def load_dataset(path: str | os.PathLike[str], format: str | None = None, *,
+                 corpus: str | os.PathLike[str] | None = None,
+                 ground_truth: str | os.PathLike[str] | None = None,
+                 name: str | None = None) -> Dataset:
+    """Read a benchmark question file in one of `FORMATS` (detected from its content when not named).
+
+    `corpus` replaces the distractor pool with a corpus file's passages, supporting paragraphs
+    being matched to them by title (and by text where a title repeats). `ground_truth` is the
+    MultiHop-RAG answers file, found beside the queries when not given.
+    """
+    if format is not None and format not in FORMATS:
+        raise ConfigError(f"unknown dataset format {format!r}{close_matches(format, FORMATS)}")
+    file = read_question_file(path)
+    format = format or detect_format(file)
+    if ground_truth is not None and format != "multihop-rag":
+        raise ConfigError(f"ground_truth= is for the multihop-rag format, not {format}")
+    parsed = parse_questions(file, format, ground_truth=ground_truth)
+    if not any(item.question.answers for item in parsed):
+        raise DataError(f"no gold answers in any of its {len(parsed)} questions (read as {format})",
+                        path=file.path)
+    passages: tuple[Passage, ...] | None = None
+    contexts: tuple[tuple[str, ...], ...] | None = None
+    if corpus is not None:
+        passages = tuple(load_corpus(corpus))
+        questions, missing = _map_to_corpus(parsed, passages)
+    elif any(item.paragraphs is not None for item in parsed):
+        passages, contexts, questions, missing = _map_to_paragraphs(parsed)
+    else:  # no pool to map into: any supporting titles the file names stay unmapped
+        questions = tuple(item.question for item in parsed)
+        missing = tuple(len(item.supporting) for item in parsed)
+    return Dataset(name=name or Path(path).stem, questions=questions, passages=passages, path=file.path,
+                   sha256=_sha256(Path(path)), format=format, contexts=contexts, missing_support=missing,
+                   corpus=None if corpus is None else str(corpus))
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _map_to_paragraphs(parsed: list[ParsedQuestion]) -> tuple[
+        tuple[Passage, ...], tuple[tuple[str, ...], ...], tuple[Question, ...], tuple[int, ...]]:
+    """The distractor pool (the questions' paragraphs, once each, in order of first appearance)."""
+    pool: dict[str, Passage] = {}
+    contexts, questions, missing = [], [], []
+    for item in parsed:
+        ids = []
+        for title, text in item.paragraphs or ():
+            pid = passage_id(title, text)
+            pool.setdefault(pid, Passage(pid, title, text))
+            ids.append(pid)
+        contexts.append(tuple(ids))
+        support = [passage_id(title, text) for title, text in item.supporting if text is not None]
+        questions.append(replace(item.question, supporting_ids=tuple(dict.fromkeys(support))))
+        missing.append(len(item.supporting) - len(support))
+    return tuple(pool.values()), tuple(contexts), tuple(questions), tuple(missing)
+
+
+def _map_to_corpus(parsed: list[ParsedQuestion], passages: tuple[Passage, ...]) -> tuple[
+        tuple[Question, ...], tuple[int, ...]]:
+    """Supporting paragraphs as ids of corpus passages: by title, by text where a title repeats."""
+    by_title: dict[str, list[Passage]] = {}
+    for passage in passages:
+        by_title.setdefault(passage.title, []).append(passage)
+    questions, missing = [], []
+    for item in parsed:
+        found = [_corpus_match(by_title.get(title, []), text) for title, text in item.supporting]
+        support = [p.id for p in found if p is not None]
+        questions.append(replace(item.question, supporting_ids=tuple(dict.fromkeys(support))))
+        missing.append(len(found) - len(support))
+    return tuple(questions), tuple(missing)
+
+
+def _corpus_match(candidates: list[Passage], text: str | None) -> Passage | None:
+    """The one passage among those with the paragraph's title that is the paragraph, if any is."""
+    if len(candidates) == 1:
+        return candidates[0]
+    if text is None:
+        return None
+    for same in (lambda p: p.text == text, lambda p: _squash(p.text) == _squash(text)):
+        matches = [p for p in candidates if same(p)]
+        if matches:
+            return matches[0]
+    return None
+
+
+def _squash(text: str) -> str:
+    return re.sub(r"\s+", " ", text).strip()
+
+
+def sample(dataset: Dataset, limit: int, seed: int) -> Dataset:
+    """A seeded random `limit` of the questions, kept in file order; a paragraph pool shrinks to theirs."""
+    total = len(dataset.questions)
+    if limit < 1:
+        raise ConfigError(f"sample limit must be at least 1, got {limit}")
+    if limit > total:
+        raise DataError(f"cannot sample {limit} questions: {dataset.name} has only {total}",
+                        path=dataset.path)
+    chosen = sorted(random.Random(seed).sample(range(total), limit))
+    picked = replace(dataset, questions=tuple(dataset.questions[i] for i in chosen),
+                     missing_support=tuple(dataset.missing_support[i] for i in chosen))
+    if dataset.contexts is None or dataset.passages is None:
+        return picked
+    contexts = tuple(dataset.contexts[i] for i in chosen)
+    by_id = {p.id: p for p in dataset.passages}
+    pool = dict.fromkeys(pid for context in contexts for pid in context)
+    return replace(picked, contexts=contexts, passages=tuple(by_id[pid] for pid in pool))
+
+
+# ----------------------------------------------------------------------------------- presets
+class Preset(NamedTuple):
+    """A benchmark shipped in the shared data folder: question file, format, corpus (paths relative to it)."""
+
+    path: str
+    format: str
+    corpus: str | None = None
+
+
+PRESETS: dict[str, Preset] = {
+    "hotpotqa-dev500": Preset("hotpotqa/dev500_ircot.jsonl", "ircot"),
+    "hotpotqa-train100": Preset("hotpotqa/train100_official.json", "hotpotqa",
+                                "hotpotqa/train100_corpus_hipporag.json"),
+    "2wiki-dev1000": Preset("2wikimultihopqa/dev1000_hipporag_questions.json", "2wiki-hipporag",
+                            "2wikimultihopqa/dev1000_hipporag_corpus.json"),
+    "2wiki-dev38": Preset("2wikimultihopqa/dev38_official.jsonl", "2wiki"),
+    "musique-train100": Preset("musique/train100_official.json", "musique"),
+    "bamboogle": Preset("bamboogle/test125.jsonl", "flashrag"),
+    "nq-1000": Preset("nq/test1000.jsonl", "flashrag"),
+    "triviaqa-1000": Preset("triviaqa/test1000.jsonl", "flashrag"),
+    "popqa-1000": Preset("popqa/test1000.jsonl", "flashrag"),
+    "multihop-rag-500": Preset("multihop_rag/sample500_queries.json", "multihop-rag"),
+}
+
+# The HotpotQA train100 files shipped inside the package, usable with no data folder at all.
+DEMO = "demo"
+_DEMO_QUESTIONS = "hotpotqa_train100.json"
+_DEMO_CORPUS = "hotpotqa_train100_corpus.jsonl"
+
+_NO_DATA_DIR = "set METARAG_DATA_DIR to the benchmark data folder, or pass a file with --dataset-file"
+
+
+def find_data_dir(data_dir: str | os.PathLike[str] | None = None) -> Path:
+    """The benchmark data folder: `data_dir`, else $METARAG_DATA_DIR, else a `shared/data` found nearby.
+
+    "Nearby" means: walking up from this module's folder, then from the working directory, the
+    first folder P for which P/shared/data/README.md exists (the checkout sits beside `shared/`).
+    """
+    for given, origin in ((data_dir, "data_dir"), (os.environ.get("METARAG_DATA_DIR"), "METARAG_DATA_DIR")):
+        if given:
+            folder = Path(given).expanduser()
+            if not folder.is_dir():
+                raise ConfigError(f"{origin} {str(folder)!r} is not a folder; {_NO_DATA_DIR}")
+            return folder
+    for start in (Path(__file__).resolve().parent, Path.cwd().resolve()):
+        for folder in (start, *start.parents):
+            if (folder / "shared" / "data" / "README.md").is_file():
+                return folder / "shared" / "data"
+    raise ConfigError(f"no benchmark data folder found; {_NO_DATA_DIR}")
+
+
+def resolve_preset(name: str, data_dir: str | os.PathLike[str] | None = None) -> Dataset:
+    """The dataset a preset name stands for (see `PRESETS`, and `DEMO` for the files in the package)."""
+    if name == DEMO:
+        return _load_demo()
+    if name not in PRESETS:
+        raise ConfigError(f"unknown dataset preset {name!r}{close_matches(name, [*PRESETS, DEMO])}")
+    preset = PRESETS[name]
+    folder = find_data_dir(data_dir)
+    for relative in filter(None, (preset.path, preset.corpus)):
+        if not (folder / relative).is_file():
+            raise ConfigError(f"preset {name}: {relative} is not in the data folder {folder}; {_NO_DATA_DIR}")
+    corpus = folder / preset.corpus if preset.corpus else None
+    return load_dataset(folder / preset.path, preset.format, corpus=corpus, name=name)
+
+
+def _load_demo() -> Dataset:
+    folder = resources.files("metarag") / "demo"
+    questions, corpus = folder / _DEMO_QUESTIONS, folder / _DEMO_CORPUS
+    if not (questions.is_file() and corpus.is_file()):
+        raise ConfigError(f"the demo dataset is not installed (metarag/demo/{_DEMO_QUESTIONS} and "
+                          f"{_DEMO_CORPUS}); reinstall metarag, or use another preset")
+    with resources.as_file(questions) as questions_path, resources.as_file(corpus) as corpus_path:
+        return load_dataset(questions_path, "hotpotqa", corpus=corpus_path, name=DEMO)

@@ -1,0 +1,221 @@
+"""`metarag eval`: run a method over a dataset's questions, score each, write each result at once.
+
+The harness drives the one runner loop (`methods.runner.run`) question by question; it adds
+scoring, the run folder, resumption and concurrency, nothing method-specific. Re-running the same
+command finds the same run folder (its id hashes the resolved settings) and skips what is done.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Mapping
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from metarag import __version__
+from metarag.errors import ConfigError, DataError
+from metarag.evaluate.metrics import AnswerScores, score_answer, support_recall
+from metarag.evaluate.runs import QuestionResult, RunStore
+from metarag.llm.registry import LLMSpec, check_spec, make_llm
+from metarag.methods.registry import CLOSED_BOOK, build_method, method_settings
+from metarag.methods.runner import Method, Runtime, run
+from metarag.records import Question, Retrieve, Trace
+from metarag.settings import settings_hash, to_plain
+
+ZERO = AnswerScores(0.0, 0.0, 0.0, 0.0, 0.0)
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    """Which questions: a preset name, or a file with an optional format and corpus."""
+
+    preset: str | None = None
+    file: str | None = None
+    format: str | None = None
+    corpus: str | None = None
+    limit: int | None = None
+    seed: int = 0
+
+    def label(self) -> str:
+        return self.preset or Path(self.file or "dataset").stem
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """Everything that defines a run; its resolved form is saved and hashed into the run id."""
+
+    method: str
+    dataset: DatasetSpec
+    llm: LLMSpec = LLMSpec()
+    retriever: str = "bm25"
+    overrides: Mapping[str, str] = field(default_factory=dict)
+    workers: int = 1
+    runs_dir: str = "runs"
+
+
+def load_questions(spec: DatasetSpec):
+    """The dataset a spec names, sampled when `limit` is set; errors name the file or preset."""
+    from metarag.data.datasets import load_dataset, resolve_preset, sample
+
+    if bool(spec.preset) == bool(spec.file):
+        raise ConfigError("give exactly one of --dataset PRESET or --dataset-file PATH")
+    if spec.preset:
+        if spec.format or spec.corpus:
+            raise ConfigError("--format and --corpus go with --dataset-file, not with a preset")
+        dataset = resolve_preset(spec.preset)
+    else:
+        dataset = load_dataset(spec.file, spec.format, corpus=spec.corpus)
+    if not dataset.questions:
+        raise DataError("the dataset has no questions", path=dataset.path)
+    if spec.limit is not None:
+        if spec.limit < 1:
+            raise ConfigError("--limit must be at least 1")
+        dataset = sample(dataset, spec.limit, spec.seed)
+    return dataset
+
+
+def prepare(config: EvalConfig):
+    """Resolve a config into (run store, method, dataset, resolved settings), loading no model."""
+    if config.workers < 1:
+        raise ConfigError("--workers must be at least 1")
+    check_spec(config.llm)
+    settings = method_settings(config.method, config.overrides)
+    dataset = load_questions(config.dataset)
+    needs_corpus = config.method not in CLOSED_BOOK
+    if needs_corpus and not dataset.passages:
+        raise ConfigError(f"{dataset.name} has no passages to retrieve from: give --corpus PATH")
+    from metarag.data.corpus import corpus_fingerprint
+
+    resolved = {
+        "method": config.method,
+        "method_settings": to_plain(settings),
+        "dataset": {**asdict(config.dataset), "name": dataset.name, "format": dataset.format,
+                    "sha256": dataset.sha256, "n_questions": len(dataset.questions)},
+        "corpus_fingerprint": corpus_fingerprint(dataset.passages) if needs_corpus else None,
+        "retriever": config.retriever if needs_corpus else None,
+        "llm": {k: v for k, v in asdict(config.llm).items() if k != "response_cache"},
+    }
+    run_id = f"{config.method}-{config.dataset.label()}-{config.llm.backend}-{settings_hash(resolved)}"
+    store = RunStore(Path(config.runs_dir) / run_id)
+    return store, build_method(config.method, config.overrides), dataset, resolved
+
+
+def score(question: Question, trace: Trace) -> QuestionResult:
+    """A trace scored against its question's gold answers and supporting passages."""
+    retrievals = trace.of_kind(Retrieve)
+    supporting = question.supporting_ids
+    first = [h.passage.id for h in retrievals[0].hits] if retrievals else []
+    recall_all = support_recall(trace.retrieved_ids(), supporting)
+    recall_first = support_recall(first, supporting)
+    if trace.error is not None:
+        return QuestionResult(question.id, question.answers, "", ZERO, recall_all, recall_first, trace,
+                              trace.error)
+    return QuestionResult(question.id, question.answers, trace.answer or "",
+                          score_answer(trace.answer or "", question.answers), recall_all, recall_first, trace)
+
+
+def evaluate(config: EvalConfig, *, progress: bool = True, llm=None, retriever=None,
+             on_result: Callable[[QuestionResult], None] | None = None) -> tuple[RunStore, list[QuestionResult]]:
+    """Run (or resume) the evaluation `config` describes; returns the store and every result in
+    dataset order. `llm` / `retriever` replace the built ones (tests, shared services)."""
+    store, method, dataset, resolved = prepare(config)
+    ids = [q.id for q in dataset.questions]
+    if len(set(ids)) != len(ids):
+        raise DataError("question ids are not unique", path=dataset.path)
+    if store.exists():
+        if store.read_json("questions.json") != ids:
+            raise DataError("this run folder holds another question set; remove it or change --runs-dir",
+                            path=str(store.path))
+    else:
+        store.write_json("settings.json", resolved)
+        store.write_json("questions.json", ids)
+    done = store.load_results()
+    todo = [q for q in dataset.questions if q.id not in done]
+    manifest = _manifest(store, resolved)
+    if todo:
+        llm = llm if llm is not None else make_llm(config.llm)
+        if retriever is None and config.method not in CLOSED_BOOK:
+            from metarag.pipeline import open_retriever
+
+            retriever = open_retriever(list(dataset.passages), config.retriever)
+        manifest["model_identity"] = llm.identity
+        session = {"started": _now(), "questions_todo": len(todo), "argv": sys.argv}
+        manifest["sessions"].append(session)
+        store.write_json("manifest.json", manifest)
+        _run_questions(method, todo, Runtime(llm, retriever), store, config.workers, done,
+                       len(dataset.questions), progress, on_result)
+        session["ended"] = _now()
+        store.write_json("manifest.json", manifest)
+    results = store.load_results()
+    return store, [results[i] for i in ids if i in results]
+
+
+def _run_questions(method: Method, todo: list[Question], runtime: Runtime, store: RunStore, workers: int,
+                   done: dict, total: int, progress: bool, on_result) -> None:
+    from tqdm import tqdm
+
+    bar = tqdm(total=total, initial=len(done), disable=not progress, unit="q", dynamic_ncols=True)
+    sums = {"em": sum(r.scores.em for r in done.values()), "f1": sum(r.scores.f1 for r in done.values())}
+    count = len(done)
+    lock = threading.Lock()
+
+    def finish(result: QuestionResult) -> None:
+        nonlocal count
+        with lock:
+            store.append(result, handle)
+            count += 1
+            sums["em"] += result.scores.em
+            sums["f1"] += result.scores.f1
+            bar.set_postfix(EM=f"{100 * sums['em'] / count:.1f}", F1=f"{100 * sums['f1'] / count:.1f}")
+            bar.update(1)
+        if on_result is not None:
+            on_result(result)
+
+    with store.open_for_append() as handle:
+        try:
+            if workers == 1:
+                for question in todo:
+                    finish(score(question, run(method, question, runtime)))
+            else:
+                with ThreadPoolExecutor(workers) as pool:
+                    pending = {pool.submit(run, method, q, runtime): q for q in todo}
+                    try:
+                        while pending:
+                            finished, _ = wait(pending, return_when=FIRST_COMPLETED)
+                            for future in finished:
+                                finish(score(pending.pop(future), future.result()))
+                    except BaseException:
+                        for future in pending:
+                            future.cancel()
+                        raise
+        finally:
+            bar.close()
+
+
+def _manifest(store: RunStore, resolved: dict) -> dict:
+    if store.manifest_path.exists():
+        return store.read_json("manifest.json")
+    return {"metarag_version": __version__, "git_commit": _git_commit(), "created": _now(),
+            "dataset_sha256": resolved["dataset"]["sha256"], "seed": resolved["dataset"]["seed"],
+            "model_identity": None, "sessions": []}
+
+
+def _git_commit() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
+                             cwd=Path(__file__).resolve().parent)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def runs_dir_default() -> str:
+    return os.environ.get("METARAG_RUNS", "runs")

@@ -1,0 +1,194 @@
+"""Answer and retrieval metrics: pure functions from one prediction (or one retrieval) to scores.
+
+The harness scores every trace with these. Answer metrics follow the official SQuAD v1.1 and
+HotpotQA evaluation scripts (normalization, token F1, the yes/no rule) and FlashRAG's handling of
+gold aliases; `extract_short_answer` is the one fixed rule that turns free reasoning into a short
+answer, so no score depends on how a model happened to phrase its ending.
+"""
+from __future__ import annotations
+
+import re
+import string
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+_PUNCTUATION = frozenset(string.punctuation)
+_ARTICLES = re.compile(r"\b(a|an|the)\b")
+# HotpotQA's official script: a prediction or gold that is one of these gets no partial token credit.
+_NO_PARTIAL_CREDIT = frozenset({"yes", "no", "noanswer"})
+
+
+def normalize_answer(s: str) -> str:
+    """Normalize an answer for comparison, exactly as the SQuAD v1.1 official script does.
+
+    In this order: lowercase, drop ASCII punctuation (`string.punctuation`, without inserting a
+    space, so "rock-n-roll" becomes "rocknroll"), drop the articles a / an / the as whole words,
+    collapse whitespace. Non-ASCII characters are kept as they are: accents are not folded and
+    typographic quotes or dashes are not removed, as in the official script.
+    """
+    text = s.lower()
+    text = "".join(ch for ch in text if ch not in _PUNCTUATION)
+    text = _ARTICLES.sub(" ", text)
+    return " ".join(text.split())
+
+
+@dataclass(frozen=True)
+class AnswerScores:
+    """All answer metrics of one prediction against its gold aliases, each in [0, 1]."""
+
+    em: float
+    f1: float
+    precision: float
+    recall: float
+    acc: float
+
+
+def _normalized_golds(golds: Sequence[str]) -> list[str]:
+    if isinstance(golds, str):
+        raise TypeError("golds must be a sequence of answer strings, not a single string")
+    if len(golds) == 0:
+        raise ValueError("no gold answers to score against")
+    return [normalize_answer(g) for g in golds]
+
+
+def _token_scores(prediction: str, gold: str) -> tuple[float, float, float]:
+    """(F1, precision, recall) of two normalized answers, as in HotpotQA's `f1_score`."""
+    if (prediction in _NO_PARTIAL_CREDIT or gold in _NO_PARTIAL_CREDIT) and prediction != gold:
+        return 0.0, 0.0, 0.0
+    pred_tokens = prediction.split()
+    gold_tokens = gold.split()
+    same = sum((Counter(pred_tokens) & Counter(gold_tokens)).values())
+    if same == 0:
+        return 0.0, 0.0, 0.0
+    precision = same / len(pred_tokens)
+    recall = same / len(gold_tokens)
+    return 2 * precision * recall / (precision + recall), precision, recall
+
+
+def _best_token_scores(prediction: str, golds: Sequence[str]) -> tuple[float, float, float]:
+    """Max F1, max precision, max recall over gold aliases, each maximized independently."""
+    norm_golds = _normalized_golds(golds)
+    norm_pred = normalize_answer(prediction)
+    if not norm_pred:
+        return 0.0, 0.0, 0.0
+    f1s, precisions, recalls = zip(*(_token_scores(norm_pred, g) for g in norm_golds))
+    return max(f1s), max(precisions), max(recalls)
+
+
+def exact_match(prediction: str, golds: Sequence[str]) -> float:
+    """Score 1.0 if the normalized prediction equals any normalized gold alias, else 0.0.
+
+    A prediction that is empty after normalization scores 0 (an empty or punctuation-only answer
+    is no answer, even against a gold alias that itself normalizes to nothing). An empty `golds`
+    raises ValueError.
+    """
+    norm_golds = _normalized_golds(golds)
+    norm_pred = normalize_answer(prediction)
+    return float(bool(norm_pred) and norm_pred in norm_golds)
+
+
+def token_f1(prediction: str, golds: Sequence[str]) -> float:
+    """Token-level F1 of the prediction, the maximum over gold aliases (SQuAD / HotpotQA).
+
+    Tokens are the whitespace-split words of the normalized answers, counted with multiplicity. As
+    in HotpotQA's script, if either side normalizes to yes / no / noanswer and the two differ, the
+    pair scores 0 with no partial token credit. An empty prediction scores 0; an empty `golds`
+    raises ValueError.
+    """
+    return _best_token_scores(prediction, golds)[0]
+
+
+def token_precision(prediction: str, golds: Sequence[str]) -> float:
+    """Token precision of the prediction, the maximum over gold aliases.
+
+    The maximum is taken independently of F1 and recall (as FlashRAG does), so the precision may
+    come from a different alias than the best F1; the per-alias rules are those of `token_f1`.
+    """
+    return _best_token_scores(prediction, golds)[1]
+
+
+def token_recall(prediction: str, golds: Sequence[str]) -> float:
+    """Token recall of the prediction, the maximum over gold aliases.
+
+    The maximum is taken independently of F1 and precision (as FlashRAG does); the per-alias rules
+    are those of `token_f1`.
+    """
+    return _best_token_scores(prediction, golds)[2]
+
+
+def accuracy(prediction: str, golds: Sequence[str]) -> float:
+    """Score 1.0 if any gold alias is contained in the prediction (the "Acc" of EvoCtx / FlashRAG).
+
+    Containment is tested on normalized answers and on token boundaries: the gold's tokens must
+    appear as a contiguous run of the prediction's tokens, so "1" is not found in "1990" and "paris"
+    is not found in "parisian". Gold aliases that normalize to nothing never match. The yes/no rule
+    of `token_f1` does not apply here: "yes it is" contains the gold "yes". An empty prediction
+    scores 0; an empty `golds` raises ValueError.
+    """
+    norm_golds = _normalized_golds(golds)
+    norm_pred = normalize_answer(prediction)
+    if not norm_pred:
+        return 0.0
+    padded = f" {norm_pred} "
+    return float(any(g and f" {g} " in padded for g in norm_golds))
+
+
+def score_answer(prediction: str, golds: Sequence[str]) -> AnswerScores:
+    """All answer metrics of one prediction at once (see each metric's function for its rules)."""
+    f1, precision, recall = _best_token_scores(prediction, golds)
+    return AnswerScores(em=exact_match(prediction, golds), f1=f1, precision=precision, recall=recall,
+                        acc=accuracy(prediction, golds))
+
+
+def support_recall(retrieved_ids: Iterable[str], supporting_ids: Iterable[str]) -> float | None:
+    """Share of the distinct supporting passage ids that appear among the retrieved ids.
+
+    Used over everything a method retrieved and over its first retrieval alone. Returns None when
+    the question has no supporting ids (the metric is undefined there, not 0).
+    """
+    support = set(supporting_ids)
+    if not support:
+        return None
+    return len(support & set(retrieved_ids)) / len(support)
+
+
+# "answer is" as whole words (not "answer isn't"), or "answer:" allowing markdown bold before the
+# colon ("**Answer:**", "**Final Answer**:"); "final answer:" is covered by the second form.
+_ANSWER_MARKER = re.compile(r"\banswer\s+is\b|\banswer\s*\**\s*:", re.IGNORECASE)
+_QUOTES_AND_MARKUP = "\"'`*_“”‘’«»"
+
+
+def _clean_short_answer(text: str) -> str:
+    """Strip what surrounds a short answer: whitespace, quotes, markdown emphasis, a leading colon,
+    trailing periods; repeated until nothing changes ("**"Paris".**" -> "Paris")."""
+    previous = None
+    while text != previous:
+        previous = text
+        text = text.strip().strip(_QUOTES_AND_MARKUP).lstrip(":").rstrip(".")
+    return text
+
+
+def _first_nonempty_line(text: str) -> str:
+    for line in text.splitlines():
+        cleaned = _clean_short_answer(line)
+        if cleaned:
+            return cleaned
+    return ""
+
+
+def extract_short_answer(text: str) -> str:
+    """Pull the short final answer out of a model's free text by one fixed rule (used by CoT).
+
+    If the text contains an answer marker ("answer is", "Answer:", "Final answer:", any case,
+    markdown bold allowed), take what follows the LAST marker in the whole text that has anything
+    after it; otherwise take the whole text. Of that, keep the first line that is non-empty once
+    cleaned, and clean it: strip surrounding whitespace, quotes and asterisks, a leading colon and
+    trailing periods. So "So the answer is: Paris." gives "Paris", "Answer:\\nParis" gives "Paris",
+    and reasoning that ends with "Final answer: 1990" gives "1990". Returns "" when nothing is left.
+    """
+    for marker in reversed(list(_ANSWER_MARKER.finditer(text))):
+        answer = _first_nonempty_line(text[marker.end():])
+        if answer:
+            return answer
+    return _first_nonempty_line(text)

@@ -1,0 +1,246 @@
+"""`metarag report`: tables over finished runs, paired significance, verdict breakdowns, plots.
+
+Every figure is computed from the per-question results a run wrote; nothing is kept on the side.
+"""
+from __future__ import annotations
+
+import csv
+import io
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from metarag.errors import ConfigError, DataError
+from metarag.evaluate.cost import Price, price_for
+from metarag.evaluate.runs import QuestionResult, RunStore
+from metarag.evaluate.stats import (TestResult, approximate_randomization, paired_bootstrap, paired_t_test,
+                                    significance_mark)
+from metarag.records import Decide, Judge, Retrieve
+
+TESTS = ("t-test", "bootstrap", "randomization")
+
+
+@dataclass(frozen=True)
+class LoadedRun:
+    """A finished (or partial) run read back from its folder."""
+
+    name: str
+    path: Path
+    settings: dict
+    manifest: dict
+    question_ids: tuple[str, ...]
+    results: tuple[QuestionResult, ...]
+
+    @property
+    def complete(self) -> bool:
+        return len(self.results) == len(self.question_ids)
+
+
+def load_run(path: str | Path) -> LoadedRun:
+    store = RunStore(path)
+    settings = store.read_json("settings.json")
+    ids = tuple(store.read_json("questions.json"))
+    manifest = store.read_json("manifest.json") if store.manifest_path.exists() else {}
+    by_id = store.load_results()
+    return LoadedRun(store.path.name, store.path, settings, manifest, ids,
+                     tuple(by_id[i] for i in ids if i in by_id))
+
+
+def summarize(run: LoadedRun, prices: dict[str, Price] | None = None) -> dict:
+    """One table row: answer metrics (percent), efficiency per question and per request, cost."""
+    results = run.results
+    n = len(results)
+    if n == 0:
+        raise DataError("the run has no finished questions yet", path=str(run.path))
+    usages = [r.trace.usage for r in results]
+    requests = sum(u.llm_requests for u in usages)
+    prompt = sum(u.prompt_tokens for u in usages)
+    completion = sum(u.completion_tokens for u in usages)
+    llm_latency = sum(s.usage.latency_s for r in results for s in r.trace.steps if s.usage.llm_requests)
+    identity = run.manifest.get("model_identity") or ""
+    price = price_for(identity, prices) if identity else None
+    recall = [r.support_recall for r in results if r.support_recall is not None]
+    first = [r.first_support_recall for r in results if r.first_support_recall is not None]
+    decisions = Counter(s.name for r in results for s in r.trace.steps if isinstance(s, Decide))
+    mean = lambda xs: sum(xs) / len(xs) if xs else None  # noqa: E731
+    return {
+        "run": run.name,
+        "method": run.settings.get("method"),
+        "model": identity or run.settings.get("llm", {}).get("backend"),
+        "dataset": run.settings.get("dataset", {}).get("name"),
+        "n": n,
+        "complete": run.complete,
+        "errors": sum(r.error is not None for r in results),
+        "EM": 100 * mean([r.scores.em for r in results]),
+        "F1": 100 * mean([r.scores.f1 for r in results]),
+        "Prec": 100 * mean([r.scores.precision for r in results]),
+        "Rec": 100 * mean([r.scores.recall for r in results]),
+        "Acc": 100 * mean([r.scores.acc for r in results]),
+        "req/q": requests / n,
+        "tok/req": (prompt + completion) / requests if requests else 0.0,
+        "prompt tok/q": prompt / n,
+        "completion tok/q": completion / n,
+        "cached tok/q": sum(u.cached_tokens for u in usages) / n,
+        "cache hits/q": sum(u.cache_hits for u in usages) / n,
+        "lat/req": llm_latency / requests if requests else 0.0,
+        "lat/q": sum(u.latency_s for u in usages) / n,
+        "retr/q": sum(u.retrieval_calls for u in usages) / n,
+        "passages/q": sum(len(s.hits) for r in results for s in r.trace.steps if isinstance(s, Retrieve)) / n,
+        "support recall": None if not recall else 100 * mean(recall),
+        "first recall": None if not first else 100 * mean(first),
+        "USD": None if price is None else price.cost(prompt, completion),
+        **{f"{name}/q": count / n for name, count in sorted(decisions.items())},
+    }
+
+
+def paired_scores(baseline: LoadedRun, other: LoadedRun, metric: str) -> tuple[list[float], list[float]]:
+    """Per-question scores of two runs over the same questions, aligned by question id."""
+    if set(baseline.question_ids) != set(other.question_ids):
+        raise DataError(f"runs {baseline.name} and {other.name} are over different question sets "
+                        f"({len(baseline.question_ids)} vs {len(other.question_ids)} questions); "
+                        "significance needs the same questions")
+    if not (baseline.complete and other.complete):
+        raise DataError(f"run {baseline.name if not baseline.complete else other.name} is not finished: "
+                        "resume it before testing significance")
+    a = {r.question_id: getattr(r.scores, metric) for r in baseline.results}
+    b = {r.question_id: getattr(r.scores, metric) for r in other.results}
+    return [b[i] for i in baseline.question_ids], [a[i] for i in baseline.question_ids]
+
+
+def significance(baseline: LoadedRun, other: LoadedRun, metric: str, test: str = "t-test",
+                 n_resamples: int = 10_000, seed: int = 0) -> TestResult:
+    """Paired test of `other` against `baseline` on one per-question metric (em, f1, ...)."""
+    if test not in TESTS:
+        raise ConfigError(f"unknown test {test!r}; valid: {', '.join(TESTS)}")
+    mine, theirs = paired_scores(baseline, other, metric)
+    if test == "t-test":
+        return paired_t_test(mine, theirs)
+    if test == "bootstrap":
+        return paired_bootstrap(mine, theirs, n_resamples=n_resamples, seed=seed)
+    return approximate_randomization(mine, theirs, n_resamples=n_resamples, seed=seed)
+
+
+COLUMNS = ("method", "model", "dataset", "n", "EM", "F1", "Prec", "Rec", "Acc", "req/q", "tok/req",
+           "lat/req", "retr/q", "USD")
+
+
+def report_table(runs: Sequence[LoadedRun], *, baseline: int | None = 0, tests: Sequence[str] = ("t-test",),
+                 prices: dict[str, Price] | None = None) -> tuple[str, list[dict]]:
+    """A markdown table (one row per run) and the rows; with a baseline, each other run's EM and F1
+    carry `*` where a paired test gives p < 0.05, and the p-values are columns of their own."""
+    rows = [summarize(r, prices) for r in runs]
+    if baseline is not None and len(runs) > 1:
+        base = runs[baseline]
+        for i, (run, row) in enumerate(zip(runs, rows)):
+            if i == baseline:
+                row["vs"] = "baseline"
+                continue
+            row["vs"] = base.name
+            for metric, column in (("em", "EM"), ("f1", "F1")):
+                for test in tests:
+                    row[f"p {column} ({test})"] = significance(base, run, metric, test).p_value
+                row[f"{column}*"] = significance_mark(row[f"p {column} ({tests[0]})"])
+    columns = list(COLUMNS) + sorted({k for row in rows for k in row if k.startswith("p ")})
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    for row in rows:
+        cells = []
+        for c in columns:
+            value = row.get(c)
+            text = _fmt(value)
+            if c in ("EM", "F1"):
+                text += row.get(f"{c}*", "")
+            if c in ("n",) and not row["complete"]:
+                text += " (partial)"
+            cells.append(text)
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines), rows
+
+
+def breakdown(run: LoadedRun) -> str:
+    """Counts and shares of every judge's verdicts and every decision's choices (study Table 2)."""
+    counts: Counter[tuple[str, str, str]] = Counter()
+    for r in run.results:
+        for s in r.trace.steps:
+            if isinstance(s, Judge):
+                counts[("judge", s.name, s.verdict)] += 1
+            elif isinstance(s, Decide):
+                counts[("decision", s.name, s.choice)] += 1
+    if not counts:
+        return f"{run.name}: no judge or decision steps recorded"
+    totals: Counter[tuple[str, str]] = Counter()
+    for (kind, name, _), c in counts.items():
+        totals[(kind, name)] += c
+    lines = [f"### {run.name}", "", "| kind | name | verdict | count | % |", "|---|---|---|---|---|"]
+    for (kind, name, verdict), c in sorted(counts.items()):
+        lines.append(f"| {kind} | {name} | {verdict} | {c} | {100 * c / totals[(kind, name)]:.1f} |")
+    return "\n".join(lines)
+
+
+def write_csv(rows: list[dict], path: str | Path) -> None:
+    columns: list[str] = []
+    for row in rows:
+        columns += [k for k in row if k not in columns]
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=columns)
+    writer.writeheader()
+    writer.writerows(rows)
+    Path(path).write_text(buffer.getvalue())
+
+
+def plot_runs(rows: list[dict], path: str | Path, *, x: str = "tok/req", y: str = "F1") -> Path:
+    """Accuracy versus cost across runs, one labelled point per run, as a PNG."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for row in rows:
+        cost = row[x] * row["req/q"] if x == "tok/req" else row[x]
+        ax.scatter(cost, row[y])
+        ax.annotate(f"{row['method']}", (cost, row[y]), fontsize=8, xytext=(3, 3), textcoords="offset points")
+    ax.set_xlabel("tokens per question" if x == "tok/req" else x)
+    ax.set_ylabel(y)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return Path(path)
+
+
+def plot_sweep(values: Sequence, rows: list[dict], path: str | Path, key: str,
+               metrics: Sequence[str] = ("EM", "F1")) -> Path:
+    """Metrics versus a swept setting, as a PNG."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for metric in metrics:
+        ax.plot([str(v) for v in values], [row[metric] for row in rows], marker="o", label=metric)
+    ax.set_xlabel(key)
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return Path(path)
+
+
+def _pyplot():
+    try:
+        import matplotlib
+    except ModuleNotFoundError:
+        from metarag.errors import MissingDependency
+
+        raise MissingDependency("matplotlib", "eval") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _fmt(value) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        if abs(value) < 0.01 and value != 0:
+            return f"{value:.2g}"
+        return f"{value:.2f}"
+    return str(value)

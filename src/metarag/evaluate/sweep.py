@@ -1,0 +1,59 @@
+"""`metarag sweep`: one evaluation per point of a settings grid, reported like the reproducibility
+study's Table 3 (EM, F1 and per-question counts for each value). Each point is an ordinary run
+folder, so a sweep resumes point by point."""
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+
+from metarag.errors import ConfigError
+from metarag.evaluate.harness import EvalConfig, evaluate
+from metarag.evaluate.report import load_run, summarize
+from metarag.methods.registry import method_settings
+
+
+def parse_vary(items: Sequence[str]) -> dict[str, list[str]]:
+    """`['threshold=0.1,0.2', 'k=3,5']` -> `{'threshold': ['0.1', '0.2'], 'k': ['3', '5']}`."""
+    grid: dict[str, list[str]] = {}
+    for item in items:
+        key, sep, values = item.partition("=")
+        parts = [v.strip() for v in values.split(",") if v.strip()]
+        if not sep or not key.strip() or not parts:
+            raise ConfigError(f"--vary expects key=v1,v2,..., got {item!r}")
+        grid[key.strip()] = parts
+    if not grid:
+        raise ConfigError("give at least one --vary key=v1,v2,...")
+    return grid
+
+
+def grid_points(grid: Mapping[str, list[str]]) -> list[dict[str, str]]:
+    keys = list(grid)
+    return [dict(zip(keys, combo)) for combo in itertools.product(*(grid[k] for k in keys))]
+
+
+def sweep(config: EvalConfig, grid: Mapping[str, list[str]], *, progress: bool = True
+          ) -> tuple[str, list[dict]]:
+    """Evaluate every grid point (checked all up front, before any model loads); a markdown table
+    and its rows."""
+    points = grid_points(grid)
+    for point in points:
+        method_settings(config.method, {**config.overrides, **point})
+    rows = []
+    for point in points:
+        store, _ = evaluate(replace(config, overrides={**config.overrides, **point}), progress=progress)
+        rows.append({**point, **summarize(load_run(store.path))})
+    extra = sorted({k for row in rows for k in row if k.endswith("/q") and k not in
+                    ("req/q", "retr/q", "lat/q", "prompt tok/q", "completion tok/q", "cached tok/q",
+                     "cache hits/q", "passages/q")})
+    columns = [*grid, "n", "EM", "F1", "req/q", "retr/q", *extra]
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    for row in rows:
+        lines.append("| " + " | ".join(_cell(row.get(c)) for c in columns) + " |")
+    return "\n".join(lines), rows
+
+
+def _cell(value) -> str:
+    if isinstance(value, float):
+        return f"{value:.2f}"
+    return "–" if value is None else str(value)

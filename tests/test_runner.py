@@ -1,0 +1,71 @@
+"""The runner: every action becomes a step, usage is the sum over steps, failures are recorded."""
+import pytest
+
+from metarag.errors import BackendError
+from metarag.llm.scripted import ScriptedLLM
+from metarag.methods.actions import Ask, Note, Probe, Search
+from metarag.methods.runner import Runtime, run
+from metarag.records import Answer, Decide, Generate, Message, Question, Retrieve, Score
+from metarag.retrieve.memory import MemoryRetriever
+
+Q = Question("q", "Where was the engineer of the Eiffel Tower born?", ("Dijon",))
+
+
+class TwoHop:
+    name = "two-hop"
+
+    def policy(self, question):
+        first = yield Search(question.text, 2)
+        seen = frozenset(h.passage.id for h in first)
+        second = yield Search("Gustave Eiffel born", 2, exclude=seen)
+        assert not seen & {h.passage.id for h in second}
+        probe = yield Probe("enough", (Message("user", "Enough evidence?"),))
+        yield Note("stop", "ANSWER", (("p_yes", probe.prob("Yes")),))
+        out = yield Ask("answer", (Message("user", "Answer the question now."),))
+        return out.text
+
+
+def test_runner_records_each_action_and_sums_usage(corpus):
+    llm = ScriptedLLM([("Answer the question", "Dijon")], [("Enough", {"Yes": 0.8, "No": 0.1})])
+    trace = run(TwoHop(), Q, Runtime(llm, MemoryRetriever(corpus)))
+    assert trace.error is None and trace.answer == "Dijon"
+    assert [type(s) for s in trace.steps] == [Retrieve, Retrieve, Score, Decide, Generate, Answer]
+    assert trace.steps[3].signals == {"p_yes": 0.8}
+    usage = trace.usage
+    assert usage.retrieval_calls == 2
+    assert usage.llm_requests == 2
+    # scripted token counts are whitespace words: the rendered prompts, one completion word
+    assert usage.completion_tokens == 1
+    assert usage.prompt_tokens == sum(s.usage.prompt_tokens for s in trace.steps)
+    assert usage.prompt_tokens > 0
+
+
+def test_runner_records_a_failure_with_the_steps_before_it(corpus):
+    llm = ScriptedLLM([])  # no rule: the first generation raises BackendError
+    trace = run(TwoHop(), Q, Runtime(llm, MemoryRetriever(corpus)))
+    assert trace.answer is None
+    assert trace.error.startswith("BackendError")
+    assert [type(s) for s in trace.steps] == [Retrieve, Retrieve]
+
+
+def test_runner_without_retriever_fails_clearly():
+    trace = run(TwoHop(), Q, Runtime(ScriptedLLM(default="x"), None))
+    assert "no retriever" in trace.error
+
+
+def test_a_bug_in_a_method_is_recorded_not_raised():
+    class Broken:
+        name = "broken"
+
+        def policy(self, question):
+            yield Note("x", "y")
+            raise ZeroDivisionError("oops")
+
+    trace = run(Broken(), Q, Runtime(ScriptedLLM(default="x")))
+    assert trace.error.startswith("ZeroDivisionError: oops")
+    assert len(trace.steps) == 1
+
+
+def test_scripted_llm_unmatched_prompt_names_it():
+    with pytest.raises(BackendError, match="no rule"):
+        ScriptedLLM([("foo", "bar")]).complete("something else")
