@@ -69,24 +69,27 @@ def test_jsonl_title_text(tmp_path):
 
 
 def test_jsonl_contents_with_quoted_title_and_blank_lines(tmp_path):
-    path = write(tmp_path / "c.jsonl", json.dumps({"id": "1", "contents": '"Evan Morris"\nEvan Morris was'}) + "\n\n"
-                 + json.dumps({"id": "2", "contents": "Plain\ntext\nwith lines"}) + "\n"
-                 + json.dumps({"id": "3", "contents": "no title line"}) + "\n")
+    lines = [json.dumps({"id": "1", "contents": '"Evan Morris"\nEvan Morris was'}), "",
+             json.dumps({"id": "2", "contents": "Plain\ntext\nwith lines"}),
+             json.dumps({"id": "3", "contents": "no title line"}), ""]
+    path = write(tmp_path / "c.jsonl", "\n".join(lines))
     assert load_corpus(path) == [Passage("1", "Evan Morris", "Evan Morris was"),
                                  Passage("2", "Plain", "text\nwith lines"),
                                  Passage("3", "", "no title line")]
 
 
 def test_hipporag_list_uses_given_ids_else_content_ids(tmp_path):
-    path = write(tmp_path / "c.json", json.dumps([{"title": "A", "text": "a"}, {"idx": 5, "title": "B", "text": "b"},
-                                                  {"id": "x9", "title": "C", "text": "c"}], indent=2))
+    records = [{"title": "A", "text": "a"}, {"idx": 5, "title": "B", "text": "b"},
+               {"id": "x9", "title": "C", "text": "c"}]
+    path = write(tmp_path / "c.json", json.dumps(records, indent=2))
     assert load_corpus(path) == [Passage(passage_id("A", "a"), "A", "a"), Passage("5", "B", "b"),
                                  Passage("x9", "C", "c")]
 
 
 @pytest.mark.parametrize("indent", [None, 4])
 def test_hipporag_title_to_sentences_object(tmp_path, indent):
-    path = write(tmp_path / "c.json", json.dumps({"A": ["First.", " Second."], "B": [" Only. "]}, indent=indent))
+    document = {"A": ["First.", " Second."], "B": [" Only. "]}
+    path = write(tmp_path / "c.json", json.dumps(document, indent=indent))
     assert load_corpus(path) == [Passage(passage_id("A", "First. Second."), "A", "First. Second."),
                                  Passage(passage_id("B", "Only."), "B", "Only.")]
 
@@ -100,14 +103,14 @@ def test_write_then_load_round_trips(tmp_path):
 
 # ------------------------------------------------------------------------------------- errors
 def test_malformed_line_names_file_and_line(tmp_path):
-    path = write(tmp_path / "bad.jsonl", '{"id": "1", "text": "a"}\n{"id": "2", "text": "b"}\n{"id": "3", "text": \n')
+    path = write(tmp_path / "bad.jsonl", '{"id": "1", "text": "a"}\n{"id": "2", "text": "b"}\n{"id": "3\n')
     with pytest.raises(DataError, match=r"bad\.jsonl:3: malformed JSON line") as err:
         load_corpus(path)
     assert err.value.line == 3 and err.value.path == str(path)
 
 
 def test_malformed_json_document_names_its_line(tmp_path):
-    path = write(tmp_path / "bad.json", '[\n  {"title": "A", "text": "a"},\n  {"title": "B" "text": "b"}\n]\n')
+    path = write(tmp_path / "bad.json", '[\n {"title": "A", "text": "a"},\n {"title": "B" "text": "b"}\n]\n')
     with pytest.raises(DataError, match=r"bad\.json:3: malformed JSON"):
         load_corpus(path)
 
@@ -131,7 +134,8 @@ def test_wrong_field_type_in_list_names_record(tmp_path):
 
 
 def test_duplicate_id_names_both_places(tmp_path):
-    path = jsonl(tmp_path / "c.jsonl", {"id": "1", "text": "a"}, {"id": "2", "text": "b"}, {"id": "1", "text": "c"})
+    path = jsonl(tmp_path / "c.jsonl", {"id": "1", "text": "a"}, {"id": "2", "text": "b"},
+                 {"id": "1", "text": "c"})
     with pytest.raises(DataError, match=r"c\.jsonl:3: duplicate id '1' \(first at line 1\)"):
         load_corpus(path)
 

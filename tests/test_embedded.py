@@ -39,7 +39,10 @@ def test_score_labels_tells_true_from_false(llm, statement, truth):
 
 def test_kv_cache_reuses_a_shared_prefix_even_after_another_prompt(llm):
     evidence = " ".join(f"Fact {i}: the code word number {i} is w{i * 7}." for i in range(30))
-    ask = lambda q: llm.chat([Message("user", f"{evidence}\nQuestion: {q}")], Decoding(max_tokens=4))
+
+    def ask(q):
+        return llm.chat([Message("user", f"{evidence}\nQuestion: {q}")], Decoding(max_tokens=4))
+
     first = ask("What is code word 3?")
     llm.chat([Message("user", "Say hello.")], Decoding(max_tokens=2))  # an unrelated prompt between
     second = ask("What is code word 5?")

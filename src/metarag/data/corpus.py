@@ -27,7 +27,7 @@ _UTF8_BOM = b"\xef\xbb\xbf"
 
 def passage_id(title: str, text: str) -> str:
     """A stable id for a passage that has none: the first 12 hex digits of sha1("title\\ntext")."""
-    return hashlib.sha1(f"{title}\n{text}".encode("utf-8")).hexdigest()[:12]
+    return hashlib.sha1(f"{title}\n{text}".encode()).hexdigest()[:12]
 
 
 def load_corpus(path: str | os.PathLike[str]) -> list[Passage]:
@@ -136,7 +136,8 @@ def _load_document(f: BinaryIO, where: str) -> Any:
     try:
         return json.loads(raw)
     except json.JSONDecodeError as exc:
-        raise DataError(f"malformed JSON: {exc.msg} (column {exc.colno})", path=where, line=exc.lineno) from None
+        raise DataError(f"malformed JSON: {exc.msg} (column {exc.colno})", path=where,
+                        line=exc.lineno) from None
     except UnicodeDecodeError as exc:
         raise DataError(f"not UTF-8 text: {exc.reason} at byte {exc.start}", path=where) from None
 

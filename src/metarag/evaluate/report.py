@@ -14,8 +14,13 @@ from pathlib import Path
 from metarag.errors import ConfigError, DataError
 from metarag.evaluate.cost import Price, price_for
 from metarag.evaluate.runs import QuestionResult, RunStore
-from metarag.evaluate.stats import (TestResult, approximate_randomization, paired_bootstrap, paired_t_test,
-                                    significance_mark)
+from metarag.evaluate.stats import (
+    TestResult,
+    approximate_randomization,
+    paired_bootstrap,
+    paired_t_test,
+    significance_mark,
+)
 from metarag.records import Decide, Judge, Retrieve
 
 TESTS = ("t-test", "bootstrap", "randomization")

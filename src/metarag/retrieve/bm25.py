@@ -35,7 +35,8 @@ class BM25Settings:
 
     def __post_init__(self) -> None:
         if self.method not in BM25_METHODS:
-            raise ConfigError(f"unknown BM25 method {self.method!r}{close_matches(self.method, BM25_METHODS)}")
+            hint = close_matches(self.method, BM25_METHODS)
+            raise ConfigError(f"unknown BM25 method {self.method!r}{hint}")
         if self.k1 < 0:
             raise ConfigError(f"BM25 k1 must be >= 0, got {self.k1}")
         if not 0 <= self.b <= 1:
@@ -56,7 +57,8 @@ class BM25Retriever:
     """BM25 search over passages (title and text) with a bm25s index; use `build` or `load`.
 
     Like Lucene, only passages sharing a token with the query are returned. Hits come best first,
-    equal scores in corpus order.
+    equal scores in corpus order (which of several passages tied for the k-th place get in is
+    bm25s's choice).
     """
 
     name = "bm25"
@@ -64,6 +66,8 @@ class BM25Retriever:
     def __init__(self, passages: Sequence[Passage], engine: Any, settings: BM25Settings):
         self.passages = list(passages)
         self.settings = settings
+        # Where the index is saved, once it is (set by `load` and by `open_bm25`).
+        self.index_dir: Path | None = None
         self._engine = engine
         self._bm25s = _import_bm25s()
         num_docs = int(engine.scores["num_docs"])
@@ -105,7 +109,9 @@ class BM25Retriever:
         except (KeyError, TypeError) as exc:
             raise DataError(f"unreadable BM25 settings: {exc}", path=str(directory)) from None
         engine = bm25s.BM25.load(str(directory), mmap=mmap, show_progress=False)
-        return cls(passages, engine, settings)
+        retriever = cls(passages, engine, settings)
+        retriever.index_dir = directory
+        return retriever
 
     # --------------------------------------------------------------------------------- search
     def search(self, query: str, k: int, exclude: Collection[str] = ()) -> list[Hit]:
@@ -127,7 +133,7 @@ class BM25Retriever:
         fetch = min(k + len(exclude), len(self.passages))
         tokens = _tokenize(self._bm25s, list(queries), self.settings, False)
         indices, scores = self._engine.retrieve(tokens, k=fetch, show_progress=False, n_threads=n_threads)
-        return [self._hits(row_indices, row_scores, k, exclude) for row_indices, row_scores in zip(indices, scores)]
+        return [self._hits(row, row_scores, k, exclude) for row, row_scores in zip(indices, scores)]
 
     def _hits(self, indices: Any, scores: Any, k: int, exclude: Collection[str]) -> list[Hit]:
         # bm25s breaks ties arbitrarily; re-sort so equal scores keep corpus order.
@@ -148,7 +154,8 @@ class BM25Retriever:
 def _tokenize(bm25s: ModuleType, texts: list[str], settings: BM25Settings, show_progress: bool) -> Any:
     try:
         # Plain token lists, not bm25s's id form: retrieve would only map the ids back to strings.
-        return bm25s.tokenize(texts, stopwords=settings.stopwords, return_ids=False, show_progress=show_progress)
+        return bm25s.tokenize(texts, stopwords=settings.stopwords, return_ids=False,
+                              show_progress=show_progress)
     except ValueError as exc:  # bm25s's only ValueError here is an unknown stopword list
         raise ConfigError(f"BM25 stopwords {settings.stopwords!r}: {exc}") from None
 

@@ -98,6 +98,8 @@ class DenseRetriever:
     def __init__(self, passages: Sequence[Passage], index: Any, encoder: Any, settings: DenseSettings):
         self.passages = list(passages)
         self.settings = settings
+        # Where the index is saved, once it is (set by `load` and by `open_dense`).
+        self.index_dir: Path | None = None
         self._index = index
         self._encoder = encoder
         if index.ntotal != len(self.passages):
@@ -119,7 +121,8 @@ class DenseRetriever:
         # sentence-transformers still sorts each chunk by length to pad little.
         chunk = settings.batch_size * 16
         index = None
-        with tqdm(total=len(texts), desc="embedding passages", unit="passage", disable=not show_progress) as bar:
+        bar = tqdm(total=len(texts), desc="embedding passages", unit="passage", disable=not show_progress)
+        with bar:
             for start in range(0, len(texts), chunk):
                 vectors = _encode(encoder, texts[start:start + chunk], settings)
                 if index is None:
@@ -151,7 +154,9 @@ class DenseRetriever:
             index = faiss.read_index(str(directory / INDEX_FILE))
         except RuntimeError as exc:  # faiss reports missing or corrupt files as RuntimeError
             raise DataError(f"unreadable FAISS index: {exc}", path=str(directory / INDEX_FILE)) from None
-        return cls(passages, index, encoder, settings)
+        retriever = cls(passages, index, encoder, settings)
+        retriever.index_dir = directory
+        return retriever
 
     def search(self, query: str, k: int, exclude: Collection[str] = ()) -> list[Hit]:
         """The k passages nearest to `query`, skipping ids in `exclude`."""

@@ -38,6 +38,8 @@ WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 
 
 class _Saveable(Protocol):
+    index_dir: Path | None
+
     def save(self, directory: str | os.PathLike[str]) -> None: ...
 
 
@@ -99,7 +101,7 @@ def _open(folder: Path, expected: dict[str, Any], build: Callable[[], R], load: 
     if stored == expected:
         try:
             return load(folder)
-        except DataError as exc:
+        except (DataError, OSError, ValueError) as exc:  # files lost or damaged since it was built
             reason = f"it is unreadable ({exc})"
     elif stored is None:
         reason = "none built yet" if not folder.exists() else "its fingerprint is missing or unreadable"
@@ -115,6 +117,7 @@ def _open(folder: Path, expected: dict[str, Any], build: Callable[[], R], load: 
         (tmp / FINGERPRINT_FILE).write_text(json.dumps(expected, indent=1), encoding="utf-8")
 
     _install(folder, write)
+    retriever.index_dir = folder
     return retriever
 
 
@@ -156,7 +159,8 @@ def encoder_identity(path: Path) -> dict[str, str]:
     digest = hashlib.sha256()
     for f in files:
         stat = f.stat()
-        digest.update(f"{f.relative_to(path)}:{_file_sha256(str(f), stat.st_size, stat.st_mtime_ns)}".encode())
+        file_sha = _file_sha256(str(f), stat.st_size, stat.st_mtime_ns)
+        digest.update(f"{f.relative_to(path)}:{file_sha}".encode())
     return {"path": str(path), "sha256": digest.hexdigest()}
 
 
@@ -203,6 +207,7 @@ class IndexStats:
     kind: str
     passages: int
     size_bytes: int
+    path: Path
 
 
 def index_stats(directory: str | os.PathLike[str]) -> IndexStats:
@@ -212,4 +217,5 @@ def index_stats(directory: str | os.PathLike[str]) -> IndexStats:
     if stored is None:
         raise DataError("not a complete metarag index (no readable fingerprint.json)", path=str(directory))
     size = sum(f.stat().st_size for f in directory.rglob("*") if f.is_file())
-    return IndexStats(kind=str(stored.get("kind")), passages=int(stored.get("passages", 0)), size_bytes=size)
+    return IndexStats(kind=str(stored.get("kind")), passages=int(stored.get("passages", 0)), size_bytes=size,
+                      path=directory)

@@ -1,0 +1,208 @@
+"""The evaluation harness end to end on the scripted LLM: run folders, scoring, resumption after a
+kill, failures in the denominator, significance in reports, sweeps and CLI errors."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from metarag.cli import main
+from metarag.errors import DataError
+from metarag.evaluate.harness import DatasetSpec, EvalConfig, evaluate
+from metarag.evaluate.report import load_run, report_table, significance
+from metarag.evaluate.stats import paired_t_test
+from metarag.evaluate.sweep import sweep
+from metarag.llm.scripted import ScriptedLLM
+
+CITIES = ["Paris", "Rome", "Madrid", "Berlin", "Vienna", "Lisbon"]
+COUNTRIES = ["France", "Italy", "Spain", "Germany", "Austria", "Portugal"]
+
+
+def write_hotpot(path: Path) -> Path:
+    """A small official-format HotpotQA file: one supporting paragraph and one distractor each."""
+    records = []
+    for i, (city, country) in enumerate(zip(CITIES, COUNTRIES)):
+        records.append({
+            "_id": f"q{i}", "question": f"What is the capital of {country}?", "answer": city,
+            "type": "bridge", "level": "easy",
+            "supporting_facts": [[f"{country}", 0]],
+            "context": [[country, [f"{country} is a country in Europe.", f" Its capital is {city}."]],
+                        [f"{city} (song)", [f"{city} is also the title of a song."]]],
+        })
+    path.write_text(json.dumps(records))
+    return path
+
+
+def answer_from_prompt(prompt: str) -> str:
+    """The scripted reader: finds 'Its capital is X' in the passages, else says Paris."""
+    import re
+    question = prompt.rsplit("Question:", 1)[1]
+    country = re.search(r"capital of (\w+)", question).group(1)
+    m = re.search(rf"{country} is a country in Europe\. Its capital is (\w+)\.", prompt)
+    return m.group(1) if m else "Paris"
+
+
+def config(tmp_path, method="standard-rag", **kw) -> EvalConfig:
+    data = write_hotpot(tmp_path / "hotpot.json")
+    return EvalConfig(method=method, dataset=DatasetSpec(file=str(data)), runs_dir=str(tmp_path / "runs"), **kw)
+
+
+def reader():
+    return ScriptedLLM([("Passages:", answer_from_prompt)], default="Paris")
+
+
+def test_eval_writes_one_scored_result_per_question(tmp_path):
+    store, results = evaluate(config(tmp_path), progress=False, llm=reader())
+    assert [r.question_id for r in results] == [f"q{i}" for i in range(6)]
+    assert all(r.scores.em == 1.0 for r in results)
+    # every supporting passage is among the 5 retrieved from the 12-passage pool here
+    assert all(r.support_recall == 1.0 for r in results)
+    lines = store.results_path.read_text().splitlines()
+    assert len(lines) == 6
+    settings = json.loads(store.settings_path.read_text())
+    assert settings["method_settings"] == {"k": 5, "max_tokens": 32}
+    manifest = json.loads(store.manifest_path.read_text())
+    assert manifest["model_identity"] == "scripted:scripted" and manifest["sessions"][0]["ended"]
+    assert manifest["dataset_sha256"] == settings["dataset"]["sha256"]
+
+
+def test_rerun_resumes_and_never_duplicates(tmp_path):
+    cfg = config(tmp_path)
+    evaluate(cfg, progress=False, llm=reader())
+    llm = reader()
+    store, results = evaluate(cfg, progress=False, llm=llm)
+    assert llm.prompts == []  # nothing was asked again
+    assert len(store.results_path.read_text().splitlines()) == 6
+
+
+def test_a_torn_last_line_is_dropped_and_that_question_rerun(tmp_path):
+    cfg = config(tmp_path)
+    store, _ = evaluate(cfg, progress=False, llm=reader())
+    lines = store.results_path.read_text().splitlines(keepends=True)
+    store.results_path.write_text("".join(lines[:4]) + lines[4][: len(lines[4]) // 2])  # killed mid-write
+    llm = reader()
+    _, results = evaluate(cfg, progress=False, llm=llm)
+    assert len(llm.prompts) == 2  # questions 5 and 6 only
+    ids = [json.loads(line)["question_id"] for line in store.results_path.read_text().splitlines()]
+    assert sorted(ids) == [f"q{i}" for i in range(6)] and len(results) == 6
+
+
+KILLED_RUN = """
+import sys, time
+from metarag.evaluate.harness import DatasetSpec, EvalConfig, evaluate
+from metarag.llm.scripted import ScriptedLLM
+def slow(prompt):
+    time.sleep(0.3)
+    return "Paris"
+cfg = EvalConfig(method="standard-rag", dataset=DatasetSpec(file=sys.argv[1]), runs_dir=sys.argv[2])
+evaluate(cfg, progress=False, llm=ScriptedLLM([("Passages:", slow)]))
+"""
+
+
+def test_a_killed_run_restarted_ends_with_exactly_one_record_per_question(tmp_path):
+    data = write_hotpot(tmp_path / "hotpot.json")
+    runs = tmp_path / "runs"
+    script = tmp_path / "run.py"
+    script.write_text(KILLED_RUN)
+    proc = subprocess.Popen([sys.executable, str(script), str(data), str(runs)], env=os.environ.copy())
+    deadline = time.time() + 60
+    results = None
+    while time.time() < deadline:
+        found = list(runs.glob("*/results.jsonl"))
+        if found and len(found[0].read_text().splitlines()) >= 2:
+            results = found[0]
+            break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert results is not None, "the run never wrote two results"
+    before = len(results.read_text().splitlines())
+    assert 2 <= before < 6
+    cfg = EvalConfig(method="standard-rag", dataset=DatasetSpec(file=str(data)), runs_dir=str(runs))
+    llm = ScriptedLLM([("Passages:", "Paris")])
+    evaluate(cfg, progress=False, llm=llm)
+    ids = [json.loads(line)["question_id"] for line in results.read_text().splitlines()]
+    assert sorted(ids) == sorted(set(ids)) == [f"q{i}" for i in range(6)]
+    assert len(llm.prompts) == 6 - before
+
+
+def test_a_failing_question_is_recorded_and_scores_zero(tmp_path):
+    def flaky(prompt):
+        if "Spain" in prompt.rsplit("Question:", 1)[1]:
+            raise RuntimeError("model crashed")
+        return answer_from_prompt(prompt)
+
+    store, results = evaluate(config(tmp_path), progress=False, llm=ScriptedLLM([("Passages:", flaky)]))
+    failed = [r for r in results if r.error]
+    assert len(results) == 6 and len(failed) == 1
+    assert failed[0].question_id == "q2" and "model crashed" in failed[0].error
+    assert failed[0].scores.em == 0.0
+    row = report_table([load_run(store.path)], baseline=None)[1][0]
+    assert row["n"] == 6 and row["errors"] == 1 and abs(row["EM"] - 100 * 5 / 6) < 1e-9
+
+
+def test_report_marks_significance_with_a_paired_test_on_per_question_scores(tmp_path):
+    good, _ = evaluate(config(tmp_path), progress=False, llm=reader())
+    bad, _ = evaluate(config(tmp_path, method="closed-book"), progress=False,
+                      llm=ScriptedLLM(default="Paris"))
+    base, other = load_run(bad.path), load_run(good.path)
+    table, rows = report_table([base, other], baseline=0)
+    expected = paired_t_test([1.0] * 6, [1.0] + [0.0] * 5).p_value
+    assert rows[1]["p EM (t-test)"] == pytest.approx(expected)
+    assert expected < 0.05 and "100.00*" in table
+    assert significance(base, other, "em", "randomization").p_value < 0.1
+
+
+def test_report_refuses_runs_over_different_questions(tmp_path):
+    a, _ = evaluate(config(tmp_path), progress=False, llm=reader())
+    cfg = EvalConfig(method="standard-rag", dataset=DatasetSpec(file=str(tmp_path / "hotpot.json"), limit=3),
+                     runs_dir=str(tmp_path / "runs"))
+    b, _ = evaluate(cfg, progress=False, llm=reader())
+    with pytest.raises(DataError, match="different question sets"):
+        report_table([load_run(a.path), load_run(b.path)])
+
+
+def test_sweep_runs_each_value_and_tabulates(tmp_path, monkeypatch):
+    import metarag.evaluate.sweep as sweep_module
+
+    real = sweep_module.evaluate
+    monkeypatch.setattr(sweep_module, "evaluate", lambda cfg, progress: real(cfg, progress=False, llm=reader()))
+    table, rows = sweep(config(tmp_path), {"k": ["1", "2"]}, progress=False)
+    assert [row["k"] for row in rows] == ["1", "2"]
+    assert [row["passages/q"] for row in rows] == [1.0, 2.0]
+    assert table.splitlines()[0].startswith("| k | n | EM | F1")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["eval", "--method", "metarag-x", "--dataset", "demo"], "unknown method 'metarag-x'"),
+    (["eval", "--method", "standard-rag", "--dataset", "hotpot-dev500"], "unknown dataset preset"),
+    (["eval", "--method", "standard-rag", "--dataset", "demo", "--limit", "1000"], "only 100"),
+    (["eval", "--method", "standard-rag", "--dataset", "demo", "--set", "kk=3"], "no setting 'kk'"),
+    (["eval", "--method", "standard-rag"], "exactly one of --dataset"),
+    (["ask", "  "], "question is empty"),
+    (["ask", "Who?", "--method", "rag"], "unknown method 'rag'"),
+    (["ask", "Who?", "--llm", "gpt"], "unknown LLM back-end 'gpt'"),
+])
+def test_cli_user_mistakes_get_one_line_errors_and_leave_no_run(argv, message, capsys, tmp_path):
+    assert main([*argv, *(["--runs-dir", str(tmp_path / "runs")] if argv[0] == "eval" else [])]) == 1
+    err = capsys.readouterr().err
+    assert message in err and err.startswith("metarag: error:") and "Traceback" not in err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_cli_ask_names_the_bad_line_of_a_malformed_corpus(tmp_path, capsys):
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text('{"id": "1", "title": "A", "text": "a"}\n{"id": "2", "title": \n')
+    assert main(["ask", "Who?", "--corpus", str(corpus)]) == 1
+    assert f"{corpus}:2" in capsys.readouterr().err
+
+
+def test_cli_ask_refuses_an_empty_corpus(tmp_path, capsys):
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("")
+    assert main(["ask", "Who?", "--corpus", str(corpus)]) == 1
+    assert "no passages" in capsys.readouterr().err
