@@ -20,7 +20,7 @@ def evidence_prompt(question: str) -> list[Message]:
     passages = "\n\n".join(
         f"[{i}] Town {i}\nTown {i} is a small settlement founded in {1700 + 7 * i} on the river Aa{i}. "
         f"Its mayor in 2010 was Person {i}, and its population at the 2011 census was {1000 + 37 * i}."
-        for i in range(1, 19))
+        for i in range(1, 13))
     return [Message("system", "Answer the question using the passages. Give a short answer only."),
             Message("user", f"Passages:\n{passages}\n\nQuestion: {question}\nShort answer:")]
 

@@ -218,8 +218,9 @@ def cmd_report(args: argparse.Namespace) -> int:
     table, rows = report_table(runs, baseline=baseline, tests=tuple(args.test or ("t-test",)), prices=prices)
     print(table)
     if len(runs) > 1:
-        print(f"\n* p < 0.05 against {runs[baseline].name} (paired {', '.join(args.test or ('t-test',))} "
-              "on per-question EM / F1)")
+        tests = args.test or ["t-test"]
+        print(f"\n* p < 0.05 against {runs[baseline].name} (paired {tests[0]} on per-question EM / F1; "
+              f"p-value columns for {', '.join(tests)})")
     if args.breakdown:
         for run in runs:
             print()

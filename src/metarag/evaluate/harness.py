@@ -143,6 +143,10 @@ def evaluate(config: EvalConfig, *, progress: bool = True, llm=None, retriever=N
 
             retriever = open_retriever(list(dataset.passages), config.retriever)
         manifest["model_identity"] = llm.identity
+        manifest["model_sha256"] = getattr(llm, "model_sha256", None)
+        if done:
+            print(f"resuming {store.path}: {len(done)} of {len(dataset.questions)} questions already done",
+                  file=sys.stderr)
         session = {"started": _now(), "questions_todo": len(todo), "argv": sys.argv}
         manifest["sessions"].append(session)
         store.write_json("manifest.json", manifest)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from metarag.errors import ConfigError, DataError
-from metarag.evaluate.cost import Price, price_for
+from metarag.evaluate.cost import Price, model_name, price_for
 from metarag.evaluate.runs import QuestionResult, RunStore
 from metarag.evaluate.stats import (
     TestResult,
@@ -72,7 +72,9 @@ def summarize(run: LoadedRun, prices: dict[str, Price] | None = None) -> dict:
     return {
         "run": run.name,
         "method": run.settings.get("method"),
-        "model": identity or run.settings.get("llm", {}).get("backend"),
+        "retriever": run.settings.get("retriever") or "–",
+        "model": model_name(identity) if identity else run.settings.get("llm", {}).get("backend"),
+        "model identity": identity,
         "dataset": run.settings.get("dataset", {}).get("name"),
         "n": n,
         "complete": run.complete,
@@ -126,7 +128,7 @@ def significance(baseline: LoadedRun, other: LoadedRun, metric: str, test: str =
     return approximate_randomization(mine, theirs, n_resamples=n_resamples, seed=seed)
 
 
-COLUMNS = ("method", "model", "dataset", "n", "EM", "F1", "Prec", "Rec", "Acc", "req/q", "tok/req",
+COLUMNS = ("method", "retriever", "model", "dataset", "n", "EM", "F1", "Prec", "Rec", "Acc", "req/q", "tok/req",
            "lat/req", "retr/q", "USD")
 
 
@@ -200,7 +202,8 @@ def plot_runs(rows: list[dict], path: str | Path, *, x: str = "tok/req", y: str 
     for row in rows:
         cost = row[x] * row["req/q"] if x == "tok/req" else row[x]
         ax.scatter(cost, row[y])
-        ax.annotate(f"{row['method']}", (cost, row[y]), fontsize=8, xytext=(3, 3), textcoords="offset points")
+        label = row["method"] if row["retriever"] == "–" else f"{row['method']} ({row['retriever']})"
+        ax.annotate(label, (cost, row[y]), fontsize=8, xytext=(3, 3), textcoords="offset points")
     ax.set_xlabel("tokens per question" if x == "tok/req" else x)
     ax.set_ylabel(y)
     ax.grid(alpha=0.3)

@@ -59,7 +59,8 @@ class LlamaCppLLM:
         self._lib = llama_cpp
         self.settings = settings
         self.path = path
-        self.identity = f"llama.cpp:{name}:sha256={file_sha256(path)[:16]}"
+        self.model_sha256 = file_sha256(path)
+        self.identity = f"llama.cpp:{name}:sha256={self.model_sha256[:16]}"
         try:
             self._llm = llama_cpp.Llama(model_path=str(path), n_ctx=settings.n_ctx, n_batch=settings.n_batch,
                                         n_threads=settings.n_threads or os.cpu_count(), verbose=False)
