@@ -206,3 +206,22 @@ def test_cli_ask_refuses_an_empty_corpus(tmp_path, capsys):
     corpus.write_text("")
     assert main(["ask", "Who?", "--corpus", str(corpus)]) == 1
     assert "no passages" in capsys.readouterr().err
+
+
+def test_concurrent_workers_write_each_question_once_and_score_the_same(tmp_path):
+    store, results = evaluate(config(tmp_path, workers=3), progress=False, llm=reader())
+    ids = [json.loads(line)["question_id"] for line in store.results_path.read_text().splitlines()]
+    assert sorted(ids) == [f"q{i}" for i in range(6)]
+    assert [r.question_id for r in results] == [f"q{i}" for i in range(6)]  # reported in dataset order
+    assert all(r.scores.em == 1.0 for r in results)
+
+
+def test_report_cli_prints_table_writes_csv_and_plot(tmp_path, capsys):
+    store, _ = evaluate(config(tmp_path), progress=False, llm=reader())
+    csv_path, png = tmp_path / "r.csv", tmp_path / "r.png"
+    assert main(["report", str(store.path), "--csv", str(csv_path), "--plot", str(png), "--breakdown"]) == 0
+    out = capsys.readouterr().out
+    assert "| standard-rag | bm25 | scripted |" in out
+    header = csv_path.read_text().splitlines()[0].split(",")
+    assert {"EM", "F1", "req/q", "tok/req", "USD"} <= set(header)
+    assert png.read_bytes()[:4] == b"\x89PNG"

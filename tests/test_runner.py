@@ -69,3 +69,29 @@ def test_a_bug_in_a_method_is_recorded_not_raised():
 def test_scripted_llm_unmatched_prompt_names_it():
     with pytest.raises(BackendError, match="no rule"):
         ScriptedLLM([("foo", "bar")]).complete("something else")
+
+
+def test_a_reranker_sees_the_deeper_candidates_and_the_method_gets_its_top_k(corpus):
+    from metarag.records import Rerank
+    from metarag.rerank.base import Reranked
+
+    class Reverse:
+        name = "reverse"
+
+        def rerank(self, query, hits, k):
+            return Reranked(tuple(reversed(hits))[:k])
+
+    class OneSearch:
+        name = "one"
+
+        def policy(self, question):
+            hits = yield Search(question.text, 2)
+            return hits[0].passage.id
+
+    runtime = Runtime(ScriptedLLM(), MemoryRetriever(corpus), reranker=Reverse(), rerank_depth=4)
+    trace = run(OneSearch(), Q, runtime)
+    retrieve, rerank = trace.steps[0], trace.steps[1]
+    assert isinstance(rerank, Rerank) and len(retrieve.hits) == 4 and len(rerank.hits) == 2
+    assert rerank.before == tuple(h.passage.id for h in retrieve.hits)
+    assert trace.answer == retrieve.hits[3].passage.id
+    assert trace.retrieval_rounds() == [rerank.hits]  # what the method saw is what recall counts

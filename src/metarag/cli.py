@@ -75,7 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the run others are tested against (default: the first)")
     rp.add_argument("--test", action="append", default=None, choices=("t-test", "bootstrap", "randomization"),
                     help="paired test(s) for the p-values; repeatable (default: t-test)")
-    rp.add_argument("--csv", default=None, metavar="PATH", help="also write the rows as CSV")
+    rp.add_argument("--csv", default="report.csv", metavar="PATH",
+                    help="where to write the rows as CSV (default: report.csv)")
     rp.add_argument("--plot", default=None, metavar="PNG", help="write F1 versus tokens per question")
     rp.add_argument("--prices", default=None, metavar="JSON",
                     help='price table {"model": {"input_per_1m": USD, "output_per_1m": USD}}')

@@ -141,6 +141,19 @@ class Retrieve(Step):
 
 
 @dataclass(frozen=True)
+class Rerank(Step):
+    """A reranker's reordering of one retrieval's candidates: the ids in, the hits kept, and the
+    reason when it fell back to the input order (e.g. an unparseable listwise answer)."""
+
+    kind: ClassVar[str] = "rerank"
+    reranker: str
+    query: str
+    before: tuple[str, ...]
+    hits: tuple[Hit, ...]
+    fallback: str | None = None
+
+
+@dataclass(frozen=True)
 class Generate(Step):
     """An LLM generation; `purpose` says what the method asked it for (answer, reason, rewrite...)."""
 
@@ -192,7 +205,8 @@ class Answer(Step):
     text: str
 
 
-STEP_TYPES: dict[str, type[Step]] = {cls.kind: cls for cls in (Retrieve, Generate, Score, Judge, Decide, Answer)}
+STEP_TYPES: dict[str, type[Step]] = {cls.kind: cls for cls in (Retrieve, Rerank, Generate, Score, Judge, Decide,
+                                                                 Answer)}
 
 
 @dataclass(frozen=True)
@@ -217,12 +231,24 @@ class Trace:
         return [s for s in self.steps if isinstance(s, cls)]
 
     def retrieved_ids(self) -> list[str]:
-        """Ids of every passage retrieved, in order of first appearance."""
+        """Ids of every passage a method was given (after reranking, when a reranker ran), in order
+        of first appearance."""
         seen: dict[str, None] = {}
-        for step in self.of_kind(Retrieve):
-            for hit in step.hits:
+        for hits in self.retrieval_rounds():
+            for hit in hits:
                 seen.setdefault(hit.passage.id, None)
         return list(seen)
+
+    def retrieval_rounds(self) -> list[tuple[Hit, ...]]:
+        """The passages each retrieval round handed to the method: a Rerank step replaces the
+        candidates of the Retrieve step before it."""
+        rounds: list[tuple[Hit, ...]] = []
+        for step in self.steps:
+            if isinstance(step, Retrieve):
+                rounds.append(step.hits)
+            elif isinstance(step, Rerank) and rounds:
+                rounds[-1] = step.hits
+        return rounds
 
     def to_json(self) -> str:
         return json.dumps(to_plain(self), ensure_ascii=False)

@@ -23,7 +23,7 @@ from metarag.evaluate.runs import QuestionResult, RunStore
 from metarag.llm.registry import LLMSpec, check_spec, make_llm
 from metarag.methods.registry import CLOSED_BOOK, build_method, method_settings
 from metarag.methods.runner import Method, Runtime, run
-from metarag.records import Question, Retrieve, Trace
+from metarag.records import Question, Trace
 from metarag.settings import settings_hash, to_plain
 
 ZERO = AnswerScores(0.0, 0.0, 0.0, 0.0, 0.0)
@@ -106,9 +106,9 @@ def prepare(config: EvalConfig):
 
 def score(question: Question, trace: Trace) -> QuestionResult:
     """A trace scored against its question's gold answers and supporting passages."""
-    retrievals = trace.of_kind(Retrieve)
+    rounds = trace.retrieval_rounds()
     supporting = question.supporting_ids
-    first = [h.passage.id for h in retrievals[0].hits] if retrievals else []
+    first = [h.passage.id for h in rounds[0]] if rounds else []
     recall_all = support_recall(trace.retrieved_ids(), supporting)
     recall_first = support_recall(first, supporting)
     if trace.error is not None:

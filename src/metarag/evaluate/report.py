@@ -21,7 +21,7 @@ from metarag.evaluate.stats import (
     paired_t_test,
     significance_mark,
 )
-from metarag.records import Decide, Judge, Retrieve
+from metarag.records import Decide, Judge
 
 TESTS = ("t-test", "bootstrap", "randomization")
 
@@ -93,7 +93,7 @@ def summarize(run: LoadedRun, prices: dict[str, Price] | None = None) -> dict:
         "lat/req": llm_latency / requests if requests else 0.0,
         "lat/q": sum(u.latency_s for u in usages) / n,
         "retr/q": sum(u.retrieval_calls for u in usages) / n,
-        "passages/q": sum(len(s.hits) for r in results for s in r.trace.steps if isinstance(s, Retrieve)) / n,
+        "passages/q": sum(len(hits) for r in results for hits in r.trace.retrieval_rounds()) / n,
         "support recall": None if not recall else 100 * mean(recall),
         "first recall": None if not first else 100 * mean(first),
         "USD": None if price is None else price.cost(prompt, completion),

@@ -11,7 +11,8 @@ from typing import Any, Protocol
 from metarag.errors import ConfigError, MetaRAGError
 from metarag.llm.base import LLM, generate
 from metarag.methods.actions import Action, Ask, Note, Probe, Search
-from metarag.records import Answer, Decide, Generate, Question, Retrieve, Score, Step, Trace, Usage
+from metarag.records import Answer, Decide, Generate, Question, Rerank, Retrieve, Score, Step, Trace, Usage
+from metarag.rerank.base import Reranker
 from metarag.retrieve.base import Retriever
 
 Policy = Generator[Action, Any, str]
@@ -28,14 +29,19 @@ class Method(Protocol):
 
 @dataclass
 class Runtime:
-    """The components a run carries out actions with. `retriever` is None for closed-book runs."""
+    """The components a run carries out actions with. `retriever` is None for closed-book runs.
+    With a `reranker`, each Search retrieves `rerank_depth` candidates and the reranker keeps k
+    (the study reranks after every retrieval round and keeps the top five, §4.3.4)."""
 
     llm: LLM
     retriever: Retriever | None = None
+    reranker: Reranker | None = None
+    rerank_depth: int = 20
 
 
 def run(method: Method, question: Question, runtime: Runtime,
         on_step: Callable[[Step], None] | None = None) -> Trace:
+    # execute() may record two steps for one action (retrieve, then rerank): it returns a list
     """Run `method` on `question`; never raises for a failure inside the method: the trace records
     the error (with the steps done before it) and the caller decides what to do with it."""
     steps: list[Step] = []
@@ -44,10 +50,11 @@ def run(method: Method, question: Question, runtime: Runtime,
     try:
         while True:
             action = policy.send(reply)
-            step, reply = execute(action, runtime)
-            steps.append(step)
-            if on_step is not None:
-                on_step(step)
+            new_steps, reply = execute(action, runtime)
+            for step in new_steps:
+                steps.append(step)
+                if on_step is not None:
+                    on_step(step)
     except StopIteration as stop:
         answer = (stop.value or "").strip()
         final = Answer(Usage(), answer)
@@ -65,22 +72,33 @@ def run(method: Method, question: Question, runtime: Runtime,
     return Trace(question.id, question.text, method.name, tuple(steps), error=error)
 
 
-def execute(action: Action, runtime: Runtime) -> tuple[Step, Any]:
-    """Carry out one action; return the step that records it and the reply for the policy."""
+def execute(action: Action, runtime: Runtime) -> tuple[list[Step], Any]:
+    """Carry out one action; return the steps that record it and the reply for the policy."""
     if isinstance(action, Search):
-        if runtime.retriever is None:
-            raise ConfigError("this method retrieves, but the run has no retriever (give --corpus)")
-        start = time.perf_counter()
-        hits = runtime.retriever.search(action.query, action.k, exclude=action.exclude)
-        usage = Usage(latency_s=time.perf_counter() - start, retrieval_calls=1)
-        return Retrieve(usage, action.query, action.k, tuple(hits)), hits
+        return _search(action, runtime)
     if isinstance(action, Ask):
         completion = generate(runtime.llm, action.prompt, action.decoding)
-        return Generate(completion.usage, action.purpose, action.prompt, completion.text,
-                        completion.logprobs), completion
+        return [Generate(completion.usage, action.purpose, action.prompt, completion.text,
+                         completion.logprobs)], completion
     if isinstance(action, Probe):
         scores = runtime.llm.score_labels(action.prompt, action.labels)
-        return Score(scores.usage, action.purpose, action.prompt, scores.labels, scores.probs), scores
+        return [Score(scores.usage, action.purpose, action.prompt, scores.labels, scores.probs)], scores
     if isinstance(action, Note):
-        return Decide(Usage(), action.name, action.choice, dict(action.signals)), None
+        return [Decide(Usage(), action.name, action.choice, dict(action.signals))], None
     raise TypeError(f"a method yielded {action!r}, which is not an action")
+
+
+def _search(action: Search, runtime: Runtime) -> tuple[list[Step], list]:
+    if runtime.retriever is None:
+        raise ConfigError("this method retrieves, but the run has no retriever (give --corpus)")
+    depth = max(action.k, runtime.rerank_depth) if runtime.reranker is not None else action.k
+    start = time.perf_counter()
+    hits = runtime.retriever.search(action.query, depth, exclude=action.exclude)
+    usage = Usage(latency_s=time.perf_counter() - start, retrieval_calls=1)
+    steps: list[Step] = [Retrieve(usage, action.query, depth, tuple(hits))]
+    if runtime.reranker is None:
+        return steps, hits
+    reranked = runtime.reranker.rerank(action.query, hits, action.k)
+    steps.append(Rerank(reranked.usage, runtime.reranker.name, action.query,
+                        tuple(h.passage.id for h in hits), reranked.hits, reranked.fallback))
+    return steps, list(reranked.hits)
