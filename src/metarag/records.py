@@ -185,6 +185,7 @@ class Judge(Step):
     score: float | None = None
     inputs: dict[str, int] = field(default_factory=dict)
     detail: str = ""
+    fallback: str | None = None  # why the verdict is the judge's default (e.g. unparseable output)
 
 
 @dataclass(frozen=True)

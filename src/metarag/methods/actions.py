@@ -2,7 +2,9 @@
 actions, the runner carries each out, records it as a trace step and sends back the result."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 from metarag.llm.base import Decoding
 from metarag.records import Message
@@ -37,6 +39,15 @@ class Probe:
 
 
 @dataclass(frozen=True)
+class Assess:
+    """Ask a judge (see `metarag.judges.base.Judge`) for a verdict on named text inputs. Sends back
+    a `Verdict`."""
+
+    judge: Any
+    inputs: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class Note:
     """Record a control decision with its signals; costs nothing. Sends back None."""
 
@@ -45,4 +56,4 @@ class Note:
     signals: tuple[tuple[str, float], ...] = ()
 
 
-Action = Search | Ask | Probe | Note
+Action = Search | Ask | Probe | Assess | Note

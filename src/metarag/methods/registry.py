@@ -13,6 +13,7 @@ METHODS: dict[str, tuple[str, str, str]] = {
     "closed-book": ("metarag.methods.closed_book", "ClosedBook", "ClosedBookSettings"),
     "cot": ("metarag.methods.cot", "ChainOfThought", "CoTSettings"),
     "standard-rag": ("metarag.methods.standard_rag", "StandardRAG", "StandardRAGSettings"),
+    "metarag": ("metarag.methods.metarag", "MetaRAG", "MetaRAGSettings"),
 }
 
 # Methods that never retrieve: a run of them needs no corpus and loads no index.

@@ -10,8 +10,8 @@ from typing import Any, Protocol
 
 from metarag.errors import ConfigError, MetaRAGError
 from metarag.llm.base import LLM, generate
-from metarag.methods.actions import Action, Ask, Note, Probe, Search
-from metarag.records import Answer, Decide, Generate, Question, Rerank, Retrieve, Score, Step, Trace, Usage
+from metarag.methods.actions import Action, Ask, Assess, Note, Probe, Search
+from metarag.records import Answer, Decide, Generate, Judge, Question, Rerank, Retrieve, Score, Step, Trace, Usage
 from metarag.rerank.base import Reranker
 from metarag.retrieve.base import Retriever
 
@@ -83,6 +83,13 @@ def execute(action: Action, runtime: Runtime) -> tuple[list[Step], Any]:
     if isinstance(action, Probe):
         scores = runtime.llm.score_labels(action.prompt, action.labels)
         return [Score(scores.usage, action.purpose, action.prompt, scores.labels, scores.probs)], scores
+    if isinstance(action, Assess):
+        start = time.perf_counter()
+        verdict = action.judge.judge(runtime, action.inputs)
+        usage = verdict.usage if verdict.usage.llm_requests else Usage(latency_s=time.perf_counter() - start)
+        sizes = {name: len(text.split()) for name, text in action.inputs.items()}
+        return [Judge(usage, action.judge.name, verdict.verdict, verdict.score, sizes, verdict.detail,
+                      verdict.fallback)], verdict
     if isinstance(action, Note):
         return [Decide(Usage(), action.name, action.choice, dict(action.signals))], None
     raise TypeError(f"a method yielded {action!r}, which is not an action")

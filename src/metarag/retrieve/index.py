@@ -4,37 +4,49 @@ An index directory holds one folder per index: `bm25/` and `dense-<encoder id>/`
 back-end's files, `metarag.json` (the settings, and which passages its rows are; written by the
 retriever's `save`) and `fingerprint.json` (what it was built from; written last). A folder is
 built under a temporary name and renamed into place when complete, so an interrupted build never
-leaves an index that looks finished.
+leaves an index that looks finished. A dense build writes its embeddings in chunks to
+`.dense-<encoder id>.embeddings/` as they finish, so a build interrupted mid-corpus resumes where it
+stopped; the chunks are removed once the index is in place.
+
+`save_corpus` puts a copy of the passages beside the indexes (`corpus.jsonl`), so a served index
+(`open_saved`, `metarag serve-retriever --index DIR`) needs nothing but its folder. Within a run,
+retrievers keep recent answers in an `LRUCache`.
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
 import hashlib
 import json
 import os
 import shutil
 import sys
+import threading
 import uuid
-from collections.abc import Callable, Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Collection, Hashable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from metarag.data.corpus import corpus_fingerprint, ids_fingerprint
-from metarag.errors import ConfigError, DataError
+from metarag.errors import ConfigError, DataError, close_matches
 from metarag.paths import metarag_home
-from metarag.records import Passage
+from metarag.records import Hit, Passage
 
 if TYPE_CHECKING:
+    from metarag.retrieve.base import Retriever
     from metarag.retrieve.bm25 import BM25Retriever, BM25Settings
     from metarag.retrieve.dense import DenseRetriever, DenseSettings
+    from metarag.retrieve.fusion import FusionRetriever, FusionSettings
 
 META_FILE = "metarag.json"
 FINGERPRINT_FILE = "fingerprint.json"
 # Bump when the saved layout changes, so older folders are rebuilt rather than misread.
 INDEX_FORMAT = 1
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+CORPUS_FILE = "corpus.jsonl"
+CORPUS_META_FILE = "corpus.json"
+SAVED_KINDS = ("bm25", "dense", "hybrid")
 
 
 class _Saveable(Protocol):
@@ -53,59 +65,193 @@ def default_index_dir(passages: Sequence[Passage]) -> Path:
 
 
 def open_bm25(passages: Sequence[Passage], index_dir: str | os.PathLike[str] | None = None,
-              settings: BM25Settings | None = None) -> BM25Retriever:
+              settings: BM25Settings | None = None, *, build: bool = True) -> BM25Retriever:
     """The BM25 index of `passages` in `index_dir/bm25`, reused if it matches, else (re)built.
 
     `index_dir` None means `default_index_dir(passages)`; `settings` None means `BM25Settings()`.
+    `build` False never builds: an index that is missing or was built from another corpus or with
+    other settings raises DataError naming what differs.
     """
-    from metarag.retrieve.bm25 import BM25Retriever, BM25Settings
+    from metarag.retrieve.bm25 import BM25Retriever, BM25Settings, index_fields
 
     settings = BM25Settings() if settings is None else settings
     corpus_sha = corpus_fingerprint(passages)
     target = Path(index_dir) if index_dir is not None else _default_dir(corpus_sha)
     expected = {"format": INDEX_FORMAT, "kind": "bm25", "corpus_sha256": corpus_sha,
-                "passages": len(passages), "settings": dataclasses.asdict(settings)}
+                "passages": len(passages), "settings": index_fields(settings)}
     return _open(target / "bm25", expected,
-                 build=lambda: BM25Retriever.build(passages, settings),
-                 load=lambda folder: BM25Retriever.load(folder, passages))
+                 build=(lambda: BM25Retriever.build(passages, settings)) if build else None,
+                 load=lambda folder: BM25Retriever.load(folder, passages, settings=settings))
 
 
 def open_dense(passages: Sequence[Passage], index_dir: str | os.PathLike[str] | None = None,
-               settings: DenseSettings | None = None, *, show_progress: bool = True) -> DenseRetriever:
+               settings: DenseSettings | None = None, *, show_progress: bool = True,
+               build: bool = True) -> DenseRetriever:
     """The dense index of `passages` in `index_dir/dense-<encoder id>`, reused if it matches, else built.
 
     The encoder id is the start of the sha256 of its weights, so indexes of different encoders
-    live side by side. `index_dir` None means `default_index_dir(passages)`.
+    live side by side. `index_dir` None means `default_index_dir(passages)`. The index is exact
+    (FAISS flat) up to `settings.ann_threshold` passages and approximate (`settings.ann`) beyond.
+    A build encodes in chunks saved as they finish, so an interrupted build resumes where it
+    stopped. `build` False never builds: a missing or mismatched index raises DataError naming
+    what differs (another corpus, another encoder, other settings).
     """
-    from metarag.retrieve.dense import DenseRetriever, DenseSettings, encoder_path
+    from metarag.retrieve.dense import DenseRetriever, DenseSettings, encoder_path, index_fields
 
     settings = DenseSettings() if settings is None else settings
     corpus_sha = corpus_fingerprint(passages)
     target = Path(index_dir) if index_dir is not None else _default_dir(corpus_sha)
     encoder = encoder_identity(encoder_path(settings))
-    # The encoder is identified by its weights and path below, not by how `settings` spelled it.
-    settings_fields = {k: v for k, v in dataclasses.asdict(settings).items() if k != "encoder"}
+    # The encoder is identified by its weights and path, not by how `settings` spelled it; the
+    # settings recorded are those that shape the index (search-time ones may change freely).
     expected = {"format": INDEX_FORMAT, "kind": "dense", "corpus_sha256": corpus_sha,
-                "passages": len(passages), "settings": settings_fields, "encoder": encoder}
-    return _open(target / f"dense-{encoder['sha256'][:12]}", expected,
-                 build=lambda: DenseRetriever.build(passages, settings, show_progress=show_progress),
-                 load=lambda folder: DenseRetriever.load(folder, passages))
+                "passages": len(passages), "settings": index_fields(settings, len(passages)),
+                "encoder": encoder}
+    name = f"dense-{encoder['sha256'][:12]}"
+    folder = target / name
+    if not build and _read_fingerprint(folder) is None:
+        raise DataError(_no_dense_index(target, encoder), path=str(target))
+    # Embedding chunks of this corpus and encoder survive an interrupted build, and only that.
+    chunk_key = {"corpus_sha256": corpus_sha, "encoder": encoder, "normalize": settings.normalize,
+                 "passage_prefix": settings.passage_prefix, "chunk_size": settings.chunk_size}
+    resume_dir = target / f".{name}.embeddings"
+
+    def build_dense() -> DenseRetriever:
+        return DenseRetriever.build(passages, settings, show_progress=show_progress,
+                                    work_dir=_prepare_resume_dir(resume_dir, chunk_key))
+
+    retriever = _open(folder, expected, build=build_dense if build else None,
+                      load=lambda folder: DenseRetriever.load(folder, passages, settings=settings))
+    # The index is in place (built or reused): its embedding chunks are no longer needed.
+    shutil.rmtree(resume_dir, ignore_errors=True)
+    return retriever
+
+
+def open_hybrid(passages: Sequence[Passage], index_dir: str | os.PathLike[str] | None = None,
+                fusion: FusionSettings | None = None, bm25: BM25Settings | None = None,
+                dense: DenseSettings | None = None, *, show_progress: bool = True,
+                build: bool = True) -> FusionRetriever:
+    """BM25 and dense over `passages` (each opened as `open_bm25` and `open_dense` do), fused.
+
+    `fusion` None means `FusionSettings()`: reciprocal rank fusion (k = 60) of each retriever's
+    top 100, the MetaRAG reproducibility study's setup.
+    """
+    from metarag.retrieve.fusion import FusionRetriever, FusionSettings
+
+    fusion = FusionSettings() if fusion is None else fusion
+    root = Path(index_dir) if index_dir is not None else default_index_dir(passages)
+    sparse = open_bm25(passages, root, bm25, build=build)
+    dense_retriever = open_dense(passages, root, dense, show_progress=show_progress, build=build)
+    return FusionRetriever([sparse, dense_retriever], fusion)
+
+
+def open_saved(index_dir: str | os.PathLike[str], kind: str = "bm25",
+               corpus: str | os.PathLike[str] | None = None, *, fusion: FusionSettings | None = None,
+               bm25: BM25Settings | None = None, dense: DenseSettings | None = None) -> Retriever:
+    """The retriever `kind` ("bm25", "dense" or "hybrid") of an index directory built earlier.
+
+    For serving: nothing is built. `index_dir` is the folder `metarag index build` made (the one
+    holding `bm25/` and `dense-*/`). The passages come from `corpus` if given, else from the copy
+    `save_corpus` left there. Settings left None are those the index was built with (for dense:
+    the one dense index in the folder; several need `dense` to choose). An index built from another
+    corpus, or with another encoder or settings than asked, is refused with the difference named.
+    """
+    from metarag.data.corpus import load_corpus
+    from metarag.retrieve.bm25 import BM25Settings
+    from metarag.retrieve.dense import DenseSettings
+
+    if kind not in SAVED_KINDS:
+        raise ConfigError(f"unknown retriever {kind!r}{close_matches(kind, SAVED_KINDS)}")
+    root = Path(index_dir)
+    if (root / FINGERPRINT_FILE).is_file():  # given one index's folder: its parent holds them all
+        root = root.parent
+    if not root.is_dir():
+        raise DataError("index directory not found", path=str(root))
+    if corpus is None:
+        corpus = root / CORPUS_FILE
+        if not corpus.is_file():
+            raise DataError(f"no {CORPUS_FILE} in the index directory: give the corpus the index was built "
+                            "from (--corpus FILE)", path=str(root))
+    passages = load_corpus(corpus)
+    if kind in ("bm25", "hybrid") and bm25 is None:
+        bm25 = BM25Settings(**_saved_settings(root / "bm25"))
+    if kind in ("dense", "hybrid") and dense is None:
+        found = sorted(p for p in root.glob("dense-*") if _read_fingerprint(p) is not None)
+        if len(found) > 1:
+            raise ConfigError(f"several dense indexes in {root} ({', '.join(p.name for p in found)}): "
+                              "name the encoder to serve")
+        if not found:
+            raise DataError("no dense index in the index directory (build it with metarag index build)",
+                            path=str(root))
+        dense = DenseSettings(**_saved_settings(found[0]))
+    if kind == "bm25":
+        return open_bm25(passages, root, bm25, build=False)
+    if kind == "dense":
+        return open_dense(passages, root, dense, show_progress=False, build=False)
+    return open_hybrid(passages, root, fusion, bm25, dense, show_progress=False, build=False)
+
+
+def save_corpus(index_dir: str | os.PathLike[str], passages: Sequence[Passage]) -> Path:
+    """Keep a copy of `passages` in `index_dir/corpus.jsonl` (unless it is already that corpus).
+
+    What `open_saved` reads when no corpus file is named, so a served index is self-contained.
+    `corpus.json` beside it records the corpus sha256 and size, to skip rewriting an equal copy.
+    """
+    root = Path(index_dir)
+    path = root / CORPUS_FILE
+    meta = {"corpus_sha256": corpus_fingerprint(passages), "passages": len(passages)}
+    try:
+        stored = json.loads((root / CORPUS_META_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # absent or half-written: write the copy again
+        stored = None
+    if stored == meta and path.is_file():
+        return path
+    from metarag.data.corpus import write_corpus_jsonl
+
+    write_corpus_jsonl(passages, path)
+    (root / CORPUS_META_FILE).write_text(json.dumps(meta, indent=1), encoding="utf-8")
+    return path
+
+
+def _saved_settings(folder: Path) -> dict[str, Any]:
+    """The settings an index folder was built with (its `metarag.json`), for reopening it as is."""
+    try:
+        meta = json.loads((folder / META_FILE).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise DataError(f"no {folder.name} index here (build it with metarag index build)",
+                        path=str(folder.parent)) from None
+    except (OSError, ValueError) as exc:
+        raise DataError(f"unreadable index metadata: {exc}", path=str(folder / META_FILE)) from None
+    settings = meta.get("settings") if isinstance(meta, dict) else None
+    if not isinstance(settings, dict):
+        raise DataError("index metadata without settings", path=str(folder / META_FILE))
+    return settings
 
 
 def _default_dir(corpus_sha: str) -> Path:
     return metarag_home() / "indexes" / corpus_sha[:16]
 
 
-def _open(folder: Path, expected: dict[str, Any], build: Callable[[], R], load: Callable[[Path], R]) -> R:
+def _open(folder: Path, expected: dict[str, Any], build: Callable[[], R] | None,
+          load: Callable[[Path], R]) -> R:
+    """Load the index in `folder` if its fingerprint is `expected`, else build it (`build` None: refuse)."""
     stored = _read_fingerprint(folder)
     if stored == expected:
         try:
             return load(folder)
         except (DataError, OSError, ValueError) as exc:  # files lost or damaged since it was built
+            if build is None:
+                raise DataError(f"the {expected['kind']} index is unreadable: {exc}", path=str(folder)) from None
             reason = f"it is unreadable ({exc})"
     elif stored is None:
         reason = "none built yet" if not folder.exists() else "its fingerprint is missing or unreadable"
+        if build is None:
+            raise DataError(f"no complete {expected['kind']} index here ({reason}); build it with "
+                            "metarag index build", path=str(folder))
     else:
+        if build is None:
+            raise DataError(f"refusing the {expected['kind']} index: {_mismatch(stored, expected)}",
+                            path=str(folder))
         changed = [key for key in expected if stored.get(key) != expected[key]]
         reason = f"{', '.join(changed)} changed"
     print(f"metarag: building {expected['kind']} index in {folder}: {reason}", file=sys.stderr)
@@ -119,6 +265,57 @@ def _open(folder: Path, expected: dict[str, Any], build: Callable[[], R], load: 
     _install(folder, write)
     retriever.index_dir = folder
     return retriever
+
+
+def _mismatch(stored: dict[str, Any], expected: dict[str, Any]) -> str:
+    """What differs between the index built (`stored`) and the one asked for, in words."""
+    parts = []
+    if stored.get("format") != expected["format"]:
+        parts.append(f"it has index format {stored.get('format')}, this version reads {expected['format']}")
+    if stored.get("corpus_sha256") != expected["corpus_sha256"] or stored.get("passages") != expected["passages"]:
+        parts.append(f"it was built for another corpus ({stored.get('passages')} passages, sha256 "
+                     f"{str(stored.get('corpus_sha256'))[:12]}; given {expected['passages']} passages, "
+                     f"sha256 {expected['corpus_sha256'][:12]})")
+    if "encoder" in expected and stored.get("encoder") != expected["encoder"]:
+        built = stored.get("encoder") if isinstance(stored.get("encoder"), dict) else {}
+        parts.append(f"it was built with another encoder ({built.get('path')}, sha256 "
+                     f"{str(built.get('sha256'))[:12]}; given {expected['encoder']['path']}, sha256 "
+                     f"{expected['encoder']['sha256'][:12]})")
+    if stored.get("settings") != expected["settings"]:
+        built = stored.get("settings") if isinstance(stored.get("settings"), dict) else {}
+        keys = sorted(set(built) | set(expected["settings"]))
+        diffs = [f"{key}: built {built.get(key)!r}, asked {expected['settings'].get(key)!r}"
+                 for key in keys if built.get(key) != expected["settings"].get(key)]
+        parts.append(f"it was built with other settings ({'; '.join(diffs)})")
+    return "; ".join(parts) or "its fingerprint differs"
+
+
+def _no_dense_index(root: Path, encoder: dict[str, str]) -> str:
+    """Why no dense index for `encoder` is in `root`, naming the encoders of those that are."""
+    others = []
+    for folder in sorted(root.glob("dense-*")):
+        stored = _read_fingerprint(folder)
+        built = stored.get("encoder") if stored and isinstance(stored.get("encoder"), dict) else None
+        if built:
+            others.append(f"{folder.name} (encoder {built.get('path')}, sha256 {str(built.get('sha256'))[:12]})")
+    wanted = f"encoder {encoder['path']} (sha256 {encoder['sha256'][:12]})"
+    if others:
+        return f"refusing the dense index: it was built with another encoder: {', '.join(others)}; asked {wanted}"
+    return f"no dense index for {wanted} here; build it with metarag index build"
+
+
+def _prepare_resume_dir(folder: Path, key: dict[str, Any]) -> Path:
+    """`folder`, emptied unless its chunks were embedded for `key` (same corpus, encoder, chunking)."""
+    key_file = folder / "key.json"
+    try:
+        stored = json.loads(key_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        stored = None
+    if stored != key:
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+        key_file.write_text(json.dumps(key, indent=1), encoding="utf-8")
+    return folder
 
 
 def _read_fingerprint(folder: Path) -> dict[str, Any] | None:
@@ -219,3 +416,77 @@ def index_stats(directory: str | os.PathLike[str]) -> IndexStats:
     size = sum(f.stat().st_size for f in directory.rglob("*") if f.is_file())
     return IndexStats(kind=str(stored.get("kind")), passages=int(stored.get("passages", 0)), size_bytes=size,
                       path=directory)
+
+
+# ------------------------------------------------------------------------------ within-run caches
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
+
+
+class LRUCache(Generic[K, V]):
+    """The `size` most recently used values by key, for repeats within a run; size 0 keeps none.
+
+    Thread-safe: a served retriever answers several requests at once.
+    """
+
+    def __init__(self, size: int):
+        if size < 0:
+            raise ConfigError(f"cache size must be >= 0, got {size}")
+        self.size = size
+        self.hits = 0
+        self.misses = 0
+        self._values: OrderedDict[K, V] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: K) -> V | None:
+        """The value stored under `key` (now the most recent), or None."""
+        with self._lock:
+            value = self._values.get(key)
+            if value is None:
+                self.misses += 1
+                return None
+            self._values.move_to_end(key)
+            self.hits += 1
+            return value
+
+    def put(self, key: K, value: V) -> None:
+        """Store `value`, dropping the least recently used value beyond `size`."""
+        if self.size == 0:
+            return
+        with self._lock:
+            self._values[key] = value
+            self._values.move_to_end(key)
+            while len(self._values) > self.size:
+                self._values.popitem(last=False)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._values.clear()
+            self.hits = self.misses = 0
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+
+def cached_search(cache: LRUCache[tuple[str, int, frozenset[str]], tuple[Hit, ...]], queries: Sequence[str],
+                  k: int, exclude: Collection[str],
+                  search: Callable[[list[str]], list[list[Hit]]]) -> list[list[Hit]]:
+    """Hits for each query from `cache` where it has them (same query, k and exclude), the rest from
+    one call of `search` on the distinct missing queries, which are then cached."""
+    excluded = frozenset(exclude)
+    found: dict[str, list[Hit]] = {}
+    missing: list[str] = []
+    for query in queries:
+        if query in found or query in missing:
+            continue
+        cached = cache.get((query, k, excluded))
+        if cached is None:
+            missing.append(query)
+        else:
+            found[query] = list(cached)
+    if missing:
+        for query, hits in zip(missing, search(missing)):
+            cache.put((query, k, excluded), tuple(hits))
+            found[query] = hits
+    # Each query gets its own list: a caller editing one must not change another's or the cache's.
+    return [list(found[query]) for query in queries]

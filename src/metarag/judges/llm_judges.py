@@ -1,0 +1,133 @@
+"""The LLM-based judges MetaRAG's critic consults, each the offline default for a model the papers
+ran separately (a fine-tuned T5 expert, a T5-XXL NLI model): yes/no verdicts come from the
+probability of the label tokens (`score_labels`), never from searching free text.
+
+Every judge takes named inputs (`question`, `passages` — already formatted —, `answer`,
+`rationale`) and puts the passages first in its prompt (`evidence_prompt`), so the judges of one
+round share the evidence prefix in the KV cache.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from metarag.judges.base import Verdict
+from metarag.judges.parse import first_json_object, labelled_fields
+from metarag.llm.base import Decoding
+from metarag.methods.evidence import clean_answer, evidence_prompt
+from metarag.records import Message
+
+EXPERT_TASK = ("Question: {question}\nCopy the shortest span of words from the passages that answers the "
+               "question (or yes/no for a yes/no question). Reply with the span only.")
+INTERNAL_TASK = ("Question: {question}\nCan you answer this question correctly from your own knowledge alone, "
+                 "without any documents? Answer Yes or No.")
+EXTERNAL_TASK = ("Question: {question}\nDo the passages above contain all the information needed to answer "
+                 "the question? Answer Yes or No.")
+ENTAILMENT_TASK = ("Question: {question}\nReasoning: {rationale}\nClaim: the answer to the question is "
+                   "\"{answer}\".\nDo the passages and the reasoning entail the claim? Answer Yes or No.")
+REASONING_TASK = (
+    "Question: {question}\nProposed reasoning: {rationale}\nProposed answer: {answer}\n"
+    "Check the proposed answer for these errors: flawed logic (a step does not follow from the passages or "
+    "the previous steps), misaligned (the answer does not give what the question asks for, e.g. a person "
+    "instead of a date), redundant (the answer contains extra words beyond the short answer).\n"
+    "Reply in exactly this form:\nError: <none | flawed logic | misaligned | redundant>\n"
+    "Feedback: <one sentence on how to fix the answer, or 'none'>")
+REASONING_ERRORS = ("none", "flawed logic", "misaligned", "redundant")
+
+
+def _yes_probability(runtime, prompt, labels=("Yes", "No")):
+    scores = runtime.llm.score_labels(prompt, labels)
+    p = scores.normalized()[labels[0]]
+    return p, scores.usage
+
+
+@dataclass(frozen=True)
+class ExpertQA:
+    """MetaRAG's expert: a reference answer y′ read off the passages. Default: the LLM prompted as
+    an extractive reader (a different prompt and role from the reasoner), standing in for the
+    fine-tuned T5-large expert of the original (study §4.3.3), which is not available offline."""
+
+    max_tokens: int = 24
+    name: str = "expert"
+
+    def judge(self, runtime, inputs: Mapping[str, str]) -> Verdict:
+        prompt = evidence_prompt(inputs["passages"], EXPERT_TASK.format(question=inputs["question"]))
+        out = runtime.llm.chat(prompt, Decoding(max_tokens=self.max_tokens, stop=("\n",)))
+        span = clean_answer(out.text)
+        if not span:
+            return Verdict("", None, out.usage, fallback="empty expert answer")
+        return Verdict(span, None, out.usage)
+
+
+@dataclass(frozen=True)
+class YesNoJudge:
+    """A yes/no question to the LLM over the evidence; verdict `yes_label` when P(Yes), normalized
+    over Yes and No, reaches `threshold`, else `no_label`. Score = that probability."""
+
+    name: str
+    task: str
+    yes_label: str = "yes"
+    no_label: str = "no"
+    threshold: float = 0.5
+    uses_passages: bool = True
+
+    def judge(self, runtime, inputs: Mapping[str, str]) -> Verdict:
+        task = self.task.format(**{k: inputs.get(k, "") for k in ("question", "answer", "rationale")})
+        prompt = (evidence_prompt(inputs.get("passages", ""), task) if self.uses_passages
+                  else (Message("user", task),))
+        p_yes, usage = _yes_probability(runtime, prompt)
+        return Verdict(self.yes_label if p_yes >= self.threshold else self.no_label, p_yes, usage)
+
+
+def internal_sufficiency() -> YesNoJudge:
+    """Can the model answer from its own knowledge? (MetaRAG evaluation, internal knowledge.)"""
+    return YesNoJudge("internal-sufficiency", INTERNAL_TASK, "sufficient", "insufficient", uses_passages=False)
+
+
+def external_sufficiency() -> YesNoJudge:
+    """Do the passages hold what is needed? (MetaRAG evaluation, external knowledge.)"""
+    return YesNoJudge("external-sufficiency", EXTERNAL_TASK, "sufficient", "insufficient")
+
+
+def llm_entailment(threshold: float = 0.5) -> YesNoJudge:
+    """P(passages + rationale entail "the answer is y"): the offline stand-in for the T5-XXL NLI model
+    the original MetaRAG used (study §4.3.3)."""
+    return YesNoJudge("entailment", ENTAILMENT_TASK, "entailed", "not-entailed", threshold)
+
+
+@dataclass(frozen=True)
+class ReasoningCheck:
+    """MetaRAG's procedural check of an answer for the original's error types (flawed logic, answer
+    misaligned with the question, redundant content). The LLM writes `Error:` / `Feedback:` lines
+    (JSON with those keys is read too); unreadable output falls back to "none" (no error claimed),
+    recorded as a fallback."""
+
+    max_tokens: int = 80
+    name: str = "reasoning-check"
+
+    def judge(self, runtime, inputs: Mapping[str, str]) -> Verdict:
+        task = REASONING_TASK.format(question=inputs["question"], rationale=inputs.get("rationale", ""),
+                                     answer=inputs["answer"])
+        out = runtime.llm.chat(evidence_prompt(inputs["passages"], task), Decoding(max_tokens=self.max_tokens))
+        error, feedback = parse_reasoning_check(out.text)
+        if error is None:
+            return Verdict("none", None, out.usage, detail="", fallback=f"unparseable: {out.text[:80]!r}")
+        return Verdict(error, None, out.usage, detail=feedback)
+
+
+def parse_reasoning_check(text: str) -> tuple[str | None, str]:
+    """(error type, feedback) from `Error:`/`Feedback:` lines or a JSON object; error None when
+    neither names one of REASONING_ERRORS."""
+    data = first_json_object(text)
+    if data is not None:
+        fields = {str(k).lower(): str(v) for k, v in data.items()}
+    else:
+        fields = labelled_fields(text, ("error", "feedback"))
+    raw = fields.get("error", "").strip().strip(".").lower().replace("_", " ").replace("-", " ")
+    error = next((e for e in REASONING_ERRORS if raw == e or raw.startswith(e)), None)
+    if error is None and raw in ("no error", "no errors", "n/a", "no"):
+        error = "none"
+    feedback = fields.get("feedback", "").strip()
+    if feedback.lower() in ("none", "n/a", "-"):
+        feedback = ""
+    return error, feedback

@@ -1,0 +1,149 @@
+"""MetaRAG (Zhou et al., 2024), as the reproducibility study ran it (§3.1, §4.3.3): a cognitive space
+that retrieves and answers, watched by a metacognitive space that monitors, evaluates and plans.
+
+One question, as a policy over the shared runner loop:
+
+1. Cognitive space: retrieve the top-k passages for the question; the reasoner answers with a
+   rationale and a short final answer.
+2. For up to `max_iter` rounds:
+   - **Monitor**: the expert reads a reference answer y′ off the passages; if the similarity of y and
+     y′ is at or above `threshold`, the answer is accepted and the loop ends.
+   - **Evaluate** (a metacognitive transition): a reasoning check of the answer (flawed logic,
+     misaligned, redundant, with feedback); internal-knowledge sufficiency; external (evidence)
+     sufficiency; and, when both are sufficient, an entailment check of the answer by the passages
+     and rationale.
+   - **Plan** on internal × external: both → keep the evidence (ask for hop-by-hop reasoning when the
+     answer is not entailed); internal only → rewrite the query toward the missing information,
+     retrieve, and allow own knowledge; external only → answer strictly from the passages;
+     neither → decompose into a sub-question, retrieve, and answer from the passages.
+   - The reasoner answers again with the plan's suggestion and the critic's feedback.
+
+Departures from the original code, on purpose: new passages are appended in rank order after
+de-duplication (the original put them through a Python `set()`, which reorders them at random), and
+queries are not truncated to 64 characters as the original's retriever call did. Every judge is a
+trace step; transitions (`ms-transition`), reasoning iterations (`iteration`) and plans (`plan`)
+are Decide steps, so the harness reproduces the study's Tables 2 and 3.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from metarag.evaluate.metrics import extract_short_answer
+from metarag.judges.llm_judges import ReasoningCheck, external_sufficiency, internal_sufficiency
+from metarag.judges.models import make_entailment, make_expert
+from metarag.judges.similarity import AnswerSimilarity
+from metarag.llm.base import Decoding
+from metarag.methods.actions import Ask, Assess, Note, Search
+from metarag.methods.evidence import clean_answer, evidence_prompt, format_passages
+from metarag.methods.runner import Policy
+from metarag.records import Hit, Question
+
+REASON_TASK = ("Question: {question}\n{guidance}"
+               "Think step by step in at most three short sentences, then give the final answer on a last "
+               "line of the form 'Answer: <short answer>' (a name, a date, a number, a short phrase, or "
+               "yes/no).")
+REWRITE_TASK = ("Question: {question}\nThe passages above miss information needed to answer the question. "
+                "Write one search query for the missing information. Reply with the query only.")
+DECOMPOSE_TASK = ("Question: {question}\nWrite the first simpler sub-question that must be answered to answer "
+                  "the question. Reply with the sub-question only.")
+
+# What the reasoner is told to do next, per plan (the original's planning suggestions).
+SUGGESTIONS = {
+    "keep": "Check your previous answer against the passages.",
+    "reason-hops": "Reason step by step over the passages: connect the facts hop by hop before answering.",
+    "rewrite": "New passages were added for the missing information. You may also rely on your own knowledge.",
+    "strict-passages": "Answer strictly from the passages; do not rely on outside knowledge.",
+    "decompose": "New passages were added for a sub-question. Answer from the passages.",
+}
+
+
+@dataclass(frozen=True)
+class MetaRAGSettings:
+    """MetaRAG settings, with the reproducibility study's defaults.
+
+    k = 5 passages per retrieval (§4.3.2 "we retain the top five passages"); threshold = 0.4, the
+    judgment threshold of the study and of the original paper (the original code used 0.3; the
+    study's Table 3 sweeps 0.1–0.4); max_iter = 5 (§4.3.3; the original code used 3).
+    `similarity` "minilm" is the original code's all-MiniLM-L6-v2 cosine ("token-f1" needs no model).
+    `expert` "llm" is an extractive LLM reader standing in for the fine-tuned T5-large expert ("qa:PATH"
+    for a Hugging Face extractive-QA directory). `entailment` "llm" is a label-probability judge standing
+    in for the T5-XXL NLI model ("cross-encoder:PATH" for an NLI CrossEncoder directory).
+    """
+
+    k: int = 5
+    threshold: float = 0.4
+    max_iter: int = 5
+    similarity: str = "minilm"
+    expert: str = "llm"
+    entailment: str = "llm"
+    entailment_threshold: float = 0.5
+    reason_max_tokens: int = 160
+    query_max_tokens: int = 32
+
+
+class MetaRAG:
+    name = "metarag"
+
+    def __init__(self, settings: MetaRAGSettings = MetaRAGSettings()):
+        self.settings = settings
+        self.monitor = AnswerSimilarity(settings.threshold, settings.similarity)
+        self.expert = make_expert(settings.expert)
+        self.entailment = make_entailment(settings.entailment, settings.entailment_threshold)
+        self.reasoning = ReasoningCheck()
+        self.internal = internal_sufficiency()
+        self.external = external_sufficiency()
+
+    def policy(self, question: Question) -> Policy:
+        s = self.settings
+        hits: list[Hit] = list((yield Search(question.text, s.k)))
+        answer, rationale = yield from self._reason(question, hits, guidance="")
+        for round_ in range(1, s.max_iter + 1):
+            passages = format_passages(hits)
+            reference = yield Assess(self.expert, {"question": question.text, "passages": passages})
+            monitor = yield Assess(self.monitor, {"answer": answer, "reference": reference.verdict})
+            if monitor.verdict == "accept":
+                break
+            yield Note("ms-transition", "evaluate", (("round", float(round_)), ("similarity", monitor.score)))
+            inputs = {"question": question.text, "passages": passages, "answer": answer, "rationale": rationale}
+            check = yield Assess(self.reasoning, inputs)
+            internal = yield Assess(self.internal, {"question": question.text})
+            external = yield Assess(self.external, inputs)
+            entailed = None
+            if internal.verdict == "sufficient" and external.verdict == "sufficient":
+                entailed = yield Assess(self.entailment, inputs)
+            plan = choose_plan(internal.verdict == "sufficient", external.verdict == "sufficient",
+                               None if entailed is None else entailed.verdict == "entailed")
+            yield Note("plan", plan, (("round", float(round_)),))
+            if plan in ("rewrite", "decompose"):
+                task = REWRITE_TASK if plan == "rewrite" else DECOMPOSE_TASK
+                out = yield Ask(f"{plan}-query", evidence_prompt(passages, task.format(question=question.text)),
+                                Decoding(max_tokens=s.query_max_tokens, stop=("\n",)))
+                query = clean_answer(out.text) or question.text
+                seen = frozenset(h.passage.id for h in hits)
+                new = yield Search(query, s.k, exclude=seen)
+                hits.extend(h for h in new if h.passage.id not in seen)
+            guidance = SUGGESTIONS[plan] + (f" Critic feedback: {check.detail}" if check.detail else "")
+            answer, rationale = yield from self._reason(question, hits, guidance=guidance + "\n")
+        return answer
+
+    def _reason(self, question: Question, hits: list[Hit], guidance: str):
+        """The cognitive-space reasoner: rationale, then 'Answer: ...' (the fixed extraction rule)."""
+        yield Note("iteration", "reason")
+        task = REASON_TASK.format(question=question.text, guidance=guidance)
+        out = yield Ask("reason", evidence_prompt(format_passages(hits), task),
+                        Decoding(max_tokens=self.settings.reason_max_tokens))
+        answer = extract_short_answer(out.text)
+        rationale = "\n".join(line for line in out.text.strip().splitlines()
+                              if not line.strip().lower().startswith(("answer:", "**answer")))
+        return answer, rationale.strip()
+
+
+def choose_plan(internal: bool, external: bool, entailed: bool | None) -> str:
+    """The planning 2×2: internal × external knowledge sufficiency (and entailment when both)."""
+    if internal and external:
+        return "keep" if entailed else "reason-hops"
+    if internal:
+        return "rewrite"
+    if external:
+        return "strict-passages"
+    return "decompose"

@@ -1,0 +1,223 @@
+"""Pointwise rerankers: each candidate is scored against the question on its own, best kept first.
+
+"A Reproducibility Study of Metacognitive Retrieval-Augmented Generation" (§4.3.4) reranks after
+every retrieval round and keeps the top five; its pointwise rerankers are MiniLM, BGE and
+ModernBERT cross-encoders. Here: an LLM relevance judge (the offline default: no cross-encoder
+weights ship with metarag), any sentence-transformers `CrossEncoder` folder (how those three are
+run), and embedding cosine as a cheap baseline.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from metarag.errors import BackendError, ConfigError, DataError, MissingDependency
+from metarag.llm.base import LLM
+from metarag.records import Hit, Message, Passage, Usage
+from metarag.rerank.base import Reranked
+
+# The fixed instruction and the question come first and the passage last, so every candidate's
+# prompt shares the same prefix and llama.cpp evaluates only the passage tokens after the first.
+JUDGE_PROMPT = ("Does the passage below help answer the question? Answer Yes or No.\n\n"
+                "Question: {question}\n\n"
+                "Passage: {passage}")
+JUDGE_LABELS = ("Yes", "No")
+
+
+def passage_excerpt(passage: Passage, max_words: int | None = None) -> str:
+    """A passage as shown to a reranking model: "title: text", cut to its first `max_words` words."""
+    text = f"{passage.title}: {passage.text}" if passage.title else passage.text
+    if max_words is None:
+        return text
+    return " ".join(text.split()[:max_words])
+
+
+def order_by_scores(name: str, hits: Sequence[Hit], scores: Sequence[float], k: int) -> tuple[Hit, ...]:
+    """The top `k` hits by descending score, each carrying its new score; ties keep retrieval order."""
+    ranked = sorted(range(len(hits)), key=lambda i: -scores[i])  # sorted() is stable
+    return tuple(Hit(hits[i].passage, float(scores[i]), name) for i in ranked[:max(k, 0)])
+
+
+# --------------------------------------------------------------------------------- LLM judge
+@dataclass(frozen=True)
+class LLMJudgeSettings:
+    """The LLM relevance judge: P("Yes") to "does this passage help answer the question?".
+
+    Pointwise reranking after each retrieval round as in the MetaRAG reproducibility study
+    (§4.3.4), with the LLM standing in for its cross-encoders, which need weights metarag cannot
+    fetch offline. `max_words` (200) bounds each passage near the 512-token input of those
+    cross-encoders; HotpotQA paragraphs are 81 words at the median, so few are cut.
+    """
+
+    max_words: int = 200
+
+    def __post_init__(self) -> None:
+        if self.max_words < 1:
+            raise ConfigError(f"LLM judge max_words must be >= 1, got {self.max_words}")
+
+
+class LLMJudgeReranker:
+    """Scores each candidate by the LLM's probability of "Yes", renormalized over {Yes, No}.
+
+    Renormalizing makes scores comparable across passages: the raw P(Yes) also moves with the mass
+    the model puts on tokens other than the two labels (a lowercase "yes", a space), which says
+    nothing about relevance. If no passage gets any mass on either label, the retrieval order is
+    kept and `Reranked.fallback` says so.
+    """
+
+    name = "llm-judge"
+
+    def __init__(self, llm: LLM, settings: LLMJudgeSettings = LLMJudgeSettings()):
+        self.llm = llm
+        self.settings = settings
+
+    def prompt(self, query: str, passage: Passage) -> tuple[Message, ...]:
+        """The judge's prompt for one candidate."""
+        text = JUDGE_PROMPT.format(question=query, passage=passage_excerpt(passage, self.settings.max_words))
+        return (Message("user", text),)
+
+    def rerank(self, query: str, hits: Sequence[Hit], k: int) -> Reranked:
+        usage = Usage()
+        scores: list[float] = []
+        any_mass = False
+        for hit in hits:
+            labels = self.llm.score_labels(self.prompt(query, hit.passage), JUDGE_LABELS)
+            usage = usage + labels.usage
+            any_mass = any_mass or sum(labels.probs) > 0
+            scores.append(labels.normalized()["Yes"])
+        if hits and not any_mass:
+            return Reranked(tuple(hits[:max(k, 0)]), usage,
+                            "the LLM put no probability on Yes or No for any passage")
+        return Reranked(order_by_scores(self.name, hits, scores, k), usage)
+
+
+# ----------------------------------------------------------------------------- cross-encoder
+@dataclass(frozen=True)
+class CrossEncoderSettings:
+    """A sentence-transformers CrossEncoder in a local folder (MiniLM, BGE or ModernBERT rerankers).
+
+    The MetaRAG reproducibility study's pointwise rerankers (§4.3.4) are cross-encoders: MiniLM
+    (ms-marco-MiniLM), BGE (bge-reranker) and ModernBERT. `path` is the model folder (model hubs are
+    never contacted); `max_length` None keeps the model's own limit (512 tokens for those three).
+    """
+
+    path: str
+    batch_size: int = 32
+    max_length: int | None = None
+
+    def __post_init__(self) -> None:
+        if not self.path:
+            raise ConfigError("the cross-encoder reranker needs a model folder: cross-encoder:PATH")
+        if self.batch_size < 1:
+            raise ConfigError(f"cross-encoder batch_size must be >= 1, got {self.batch_size}")
+
+
+def check_cross_encoder_folder(path: str) -> Path:
+    """The folder `path` if it holds a cross-encoder (a *ForSequenceClassification model), else an error.
+
+    Checked before loading because sentence-transformers would load a bi-encoder folder (such as
+    MiniLM's all-MiniLM-L6-v2) as a cross-encoder with a randomly initialised head, and rank by noise.
+    """
+    folder = Path(path).expanduser()
+    if not folder.is_dir():
+        raise ConfigError(f"cross-encoder folder {path!r} does not exist or is not a folder "
+                          "(model hubs are not used: give the path of a downloaded model)")
+    config_file = folder / "config.json"
+    if not config_file.is_file():
+        raise DataError("not a cross-encoder folder: it has no config.json", path=str(folder))
+    try:
+        config = json.loads(config_file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise DataError(f"unreadable model config: {exc}", path=str(config_file)) from None
+    architectures = config.get("architectures") if isinstance(config, dict) else None
+    if not isinstance(architectures, list) or not any(
+            isinstance(a, str) and a.endswith("ForSequenceClassification") for a in architectures):
+        raise DataError(f"not a cross-encoder: its architectures are {architectures!r}, a cross-encoder "
+                        "has a ...ForSequenceClassification head (is this a bi-encoder?)", path=str(folder))
+    return folder.resolve()
+
+
+class CrossEncoderReranker:
+    """Scores each (question, passage) pair with a sentence-transformers CrossEncoder, on CPU."""
+
+    name = "cross-encoder"
+
+    def __init__(self, settings: CrossEncoderSettings):
+        self.settings = settings
+        self.path = check_cross_encoder_folder(settings.path)
+        self._model = _load_cross_encoder(self.path, settings.max_length)
+
+    def rerank(self, query: str, hits: Sequence[Hit], k: int) -> Reranked:
+        if not hits:
+            return Reranked(())
+        start = time.perf_counter()
+        # The cross-encoder truncates to its own token limit, so passages go in whole.
+        pairs = [(query, passage_excerpt(hit.passage)) for hit in hits]
+        scores = self._model.predict(pairs, batch_size=self.settings.batch_size, show_progress_bar=False,
+                                     convert_to_numpy=True)
+        if getattr(scores, "ndim", 1) != 1:
+            raise DataError(f"the cross-encoder gives {scores.shape[-1]} scores per pair; a reranker "
+                            "gives one (num_labels=1)", path=str(self.path))
+        usage = Usage(latency_s=time.perf_counter() - start)
+        return Reranked(order_by_scores(self.name, hits, scores.tolist(), k), usage)
+
+
+def _load_cross_encoder(path: Path, max_length: int | None) -> Any:
+    try:
+        from sentence_transformers import CrossEncoder
+    except ModuleNotFoundError as exc:
+        if exc.name != "sentence_transformers":
+            raise
+        raise MissingDependency("sentence-transformers", "embedded") from None
+    # The model is a local folder; never let the hub client try the network.
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    try:
+        return CrossEncoder(str(path), device="cpu", local_files_only=True, max_length=max_length)
+    except (OSError, ValueError) as exc:
+        raise BackendError(f"cannot load the cross-encoder at {path}: {exc}") from None
+
+
+# ------------------------------------------------------------------------------------ cosine
+@dataclass(frozen=True)
+class CosineSettings:
+    """Embedding cosine between question and passage: the cheap pointwise baseline.
+
+    Defaults to metarag's packaged all-MiniLM-L6-v2 (`encoder` None; else a sentence-transformers
+    folder), the MiniLM family the MetaRAG reproducibility study reranks with (§4.3.4), here as a
+    bi-encoder since its cross-encoder weights are not available offline.
+    """
+
+    encoder: str | None = None
+    batch_size: int = 64
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1:
+            raise ConfigError(f"cosine batch_size must be >= 1, got {self.batch_size}")
+
+
+class CosineReranker:
+    """Scores each candidate by the cosine of its embedding (title and text) with the question's."""
+
+    name = "cosine"
+
+    def __init__(self, settings: CosineSettings = CosineSettings()):
+        from metarag.retrieve.dense import DenseSettings, encoder_path, load_encoder
+
+        self.settings = settings
+        self._encoder = load_encoder(encoder_path(DenseSettings(encoder=settings.encoder)))
+
+    def rerank(self, query: str, hits: Sequence[Hit], k: int) -> Reranked:
+        if not hits:
+            return Reranked(())
+        start = time.perf_counter()
+        vectors = self._encoder.encode([query, *(hit.passage.contents() for hit in hits)],
+                                       batch_size=self.settings.batch_size, normalize_embeddings=True,
+                                       convert_to_numpy=True, show_progress_bar=False)
+        scores = vectors[1:] @ vectors[0]
+        usage = Usage(latency_s=time.perf_counter() - start)
+        return Reranked(order_by_scores(self.name, hits, scores.tolist(), k), usage)
