@@ -225,3 +225,18 @@ def test_report_cli_prints_table_writes_csv_and_plot(tmp_path, capsys):
     header = csv_path.read_text().splitlines()[0].split(",")
     assert {"EM", "F1", "req/q", "tok/req", "USD"} <= set(header)
     assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_eval_with_a_reranker_records_rerank_steps_and_saves_its_settings(tmp_path):
+    llm = ScriptedLLM([("Passages:", answer_from_prompt)], label_rules=[(".", {"Yes": 0.5, "No": 0.5})])
+    cfg = config(tmp_path, reranker="llm", rerank_depth=8)
+    store, results = evaluate(cfg, progress=False, llm=llm)
+    from metarag.records import Rerank, Retrieve
+
+    steps = results[0].trace.steps
+    assert isinstance(steps[0], Retrieve) and steps[0].k == 8 and isinstance(steps[1], Rerank)
+    assert len(steps[1].hits) == 5
+    settings = json.loads(store.settings_path.read_text())
+    assert settings["reranker"]["spec"] == "llm" and settings["reranker"]["depth"] == 8
+    plain, _ = evaluate(config(tmp_path), progress=False, llm=reader())
+    assert plain.path != store.path  # a reranked run is a run of its own

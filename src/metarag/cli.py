@@ -36,6 +36,9 @@ def build_parser() -> argparse.ArgumentParser:
     ask.add_argument("question", help="the question to answer")
     add_method_args(ask)
     add_corpus_args(ask)
+    ask.add_argument("--retriever", default="bm25", choices=("bm25", "dense", "hybrid"),
+                     help="retriever: bm25, dense (MiniLM + FAISS), or hybrid (both fused by RRF) (default: bm25)")
+    add_reranker_args(ask)
     add_llm_args(ask)
     ask.add_argument("--json", action="store_true", help="print the whole trace as JSON instead")
     ask.set_defaults(handler=cmd_ask)
@@ -100,10 +103,16 @@ def add_corpus_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--corpus", default=None,
                    help="corpus file: JSONL {id,title,text} or {id,contents}, or a HippoRAG JSON corpus "
                         "(default: the HotpotQA train100 demo corpus shipped with metarag)")
-    p.add_argument("--retriever", default="bm25", choices=("bm25", "dense"),
-                   help="retriever for the run (default: bm25)")
     p.add_argument("--index-dir", default=None,
                    help="where indexes live (default: $METARAG_HOME/indexes/<corpus fingerprint>)")
+
+
+def add_reranker_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--reranker", default="none",
+                   help="reranker after every retrieval round: none, llm (LLM yes/no relevance judge), listwise "
+                        "(RankGPT sliding window), cosine (MiniLM), cross-encoder:PATH (default: none)")
+    p.add_argument("--rerank-depth", type=int, default=20,
+                   help="candidates retrieved for the reranker, of which k are kept (default: 20)")
 
 
 def add_llm_args(p: argparse.ArgumentParser) -> None:
@@ -131,7 +140,9 @@ def add_eval_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
     p.add_argument("--workers", type=int, default=1,
                    help="questions run concurrently (useful against a served model; 1 for embedded)")
-    p.add_argument("--retriever", default="bm25", choices=("bm25", "dense"), help="retriever (default bm25)")
+    p.add_argument("--retriever", default="bm25", choices=("bm25", "dense", "hybrid"),
+                   help="retriever: bm25, dense, or hybrid (BM25 + dense fused by RRF) (default: bm25)")
+    add_reranker_args(p)
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a method setting by name; repeatable")
     p.add_argument("--runs-dir", default=None, help="where run folders go (default: $METARAG_RUNS or runs)")
@@ -148,7 +159,8 @@ def cmd_ask(args: argparse.Namespace) -> int:
         raise_config("the question is empty")
     method = method_from_args(args.method, args.k, args.set)
     trace = answer_question(args.question, method, corpus=args.corpus, retriever=args.retriever,
-                            index_dir=args.index_dir, llm_spec=llm_spec_from_args(args),
+                            index_dir=args.index_dir, reranker=args.reranker, rerank_depth=args.rerank_depth,
+                            llm_spec=llm_spec_from_args(args),
                             on_step=None if args.json else _live_printer())
     if args.json:
         print(trace.to_json())
@@ -172,7 +184,8 @@ def eval_config_from_args(args: argparse.Namespace):
     dataset = DatasetSpec(preset=args.dataset, file=args.dataset_file, format=args.format,
                           corpus=args.corpus, limit=args.limit, seed=args.seed)
     return EvalConfig(method=args.method, dataset=dataset, llm=llm_spec_from_args(args),
-                      retriever=args.retriever, overrides=parse_assignments(args.set),
+                      retriever=args.retriever, reranker=args.reranker, rerank_depth=args.rerank_depth,
+                      overrides=parse_assignments(args.set),
                       workers=args.workers, runs_dir=args.runs_dir or runs_dir_default())
 
 

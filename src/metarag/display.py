@@ -1,7 +1,7 @@
 """Readable renderings of trace steps for the terminal: one line per step, then the answer."""
 from __future__ import annotations
 
-from metarag.records import Answer, Decide, Generate, Judge, Retrieve, Score, Step, Trace, Usage
+from metarag.records import Answer, Decide, Generate, Judge, Rerank, Retrieve, Score, Step, Trace, Usage
 
 
 def format_usage(u: Usage) -> str:
@@ -30,7 +30,13 @@ def format_step(step: Step) -> str:
         return f"  score     [{format_usage(step.usage)}] {step.purpose}: {probs}"
     if isinstance(step, Judge):
         score = f" ({step.score:.3f})" if step.score is not None else ""
-        return f"  judge     [{format_usage(step.usage)}] {step.name}: {step.verdict}{score}"
+        detail = f" — {step.detail[:160]}" if step.detail else ""
+        fallback = f" [fallback: {step.fallback[:80]}]" if step.fallback else ""
+        return f"  judge     [{format_usage(step.usage)}] {step.name}: {step.verdict!r}{score}{detail}{fallback}"
+    if isinstance(step, Rerank):
+        moved = ", ".join(h.passage.title for h in step.hits)
+        note = f" [kept input order: {step.fallback}]" if step.fallback else ""
+        return f"  rerank    [{format_usage(step.usage)}] {step.reranker}: {len(step.before)} -> {moved}{note}"
     if isinstance(step, Decide):
         signals = ", ".join(f"{k}={v:.3f}" for k, v in step.signals.items())
         return f"  decide    {step.name}: {step.choice}" + (f" ({signals})" if signals else "")

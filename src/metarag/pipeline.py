@@ -18,7 +18,7 @@ from metarag.records import Passage, Question, Step, Trace
 from metarag.retrieve.base import Retriever
 from metarag.settings import parse_assignments
 
-RETRIEVERS = ("bm25", "dense")
+RETRIEVERS = ("bm25", "dense", "hybrid")
 DEMO_CORPUS = "hotpotqa_train100_corpus.jsonl"
 DEMO_QUESTIONS = "hotpotqa_train100.json"
 
@@ -53,20 +53,27 @@ def open_retriever(passages: list[Passage], kind: str = "bm25", index_dir: str |
     if kind not in RETRIEVERS:
         raise ConfigError(f"unknown retriever {kind!r}{close_matches(kind, RETRIEVERS)}")
     root = Path(index_dir) if index_dir else index.default_index_dir(passages)
-    return index.open_bm25(passages, root) if kind == "bm25" else index.open_dense(passages, root)
+    opener = {"bm25": index.open_bm25, "dense": index.open_dense, "hybrid": index.open_hybrid}[kind]
+    return opener(passages, root)
 
 
 def answer_question(text: str, method: Method, *, corpus: str | Path | None = None,
                     retriever: str = "bm25", index_dir: str | Path | None = None,
+                    reranker: str = "none", rerank_depth: int = 20,
                     llm_spec: LLMSpec = LLMSpec(), llm: LLM | None = None,
                     on_step: Callable[[Step], None] | None = None) -> Trace:
-    """Run `method` on one free-text question over `corpus` (the demo corpus by default)."""
+    """Run `method` on one free-text question over `corpus` (the demo corpus by default), with an
+    optional reranker after every retrieval round."""
+    from metarag.rerank.registry import build_reranker, check_reranker
+
     if not text.strip():
         raise ConfigError("the question is empty")
+    check_reranker(reranker)
     found = None
     if method.name not in CLOSED_BOOK:
         found = open_retriever(load_passages(corpus), retriever, index_dir)
-    runtime = Runtime(llm=llm if llm is not None else make_llm(llm_spec), retriever=found)
+    llm = llm if llm is not None else make_llm(llm_spec)
+    runtime = Runtime(llm=llm, retriever=found, reranker=build_reranker(reranker, llm), rerank_depth=rerank_depth)
     return run(method, Question(id="ask", text=text.strip()), runtime, on_step=on_step)
 
 

@@ -52,6 +52,8 @@ class EvalConfig:
     dataset: DatasetSpec
     llm: LLMSpec = LLMSpec()
     retriever: str = "bm25"
+    reranker: str = "none"
+    rerank_depth: int = 20
     overrides: Mapping[str, str] = field(default_factory=dict)
     workers: int = 1
     runs_dir: str = "runs"
@@ -83,6 +85,9 @@ def prepare(config: EvalConfig):
     if config.workers < 1:
         raise ConfigError("--workers must be at least 1")
     check_spec(config.llm)
+    from metarag.rerank.registry import check_reranker, reranker_settings
+
+    check_reranker(config.reranker)
     settings = method_settings(config.method, config.overrides)
     dataset = load_questions(config.dataset)
     needs_corpus = config.method not in CLOSED_BOOK
@@ -99,6 +104,9 @@ def prepare(config: EvalConfig):
         "retriever": config.retriever if needs_corpus else None,
         "llm": {k: v for k, v in asdict(config.llm).items() if k != "response_cache"},
     }
+    if config.reranker != "none" and needs_corpus:  # absent otherwise, so run ids without one stay put
+        resolved["reranker"] = {"spec": config.reranker, "depth": config.rerank_depth,
+                                "settings": to_plain(reranker_settings(config.reranker))}
     run_id = f"{config.method}-{config.dataset.label()}-{config.llm.backend}-{settings_hash(resolved)}"
     store = RunStore(Path(config.runs_dir) / run_id)
     return store, build_method(config.method, config.overrides), dataset, resolved
@@ -138,10 +146,15 @@ def evaluate(config: EvalConfig, *, progress: bool = True, llm=None, retriever=N
     manifest = _manifest(store, resolved)
     if todo:
         llm = llm if llm is not None else make_llm(config.llm)
+        reranker = None
         if retriever is None and config.method not in CLOSED_BOOK:
             from metarag.pipeline import open_retriever
 
             retriever = open_retriever(list(dataset.passages), config.retriever)
+        if config.method not in CLOSED_BOOK:
+            from metarag.rerank.registry import build_reranker
+
+            reranker = build_reranker(config.reranker, llm)
         manifest["model_identity"] = llm.identity
         manifest["model_sha256"] = getattr(llm, "model_sha256", None)
         if done:
@@ -150,7 +163,8 @@ def evaluate(config: EvalConfig, *, progress: bool = True, llm=None, retriever=N
         session = {"started": _now(), "questions_todo": len(todo), "argv": sys.argv}
         manifest["sessions"].append(session)
         store.write_json("manifest.json", manifest)
-        _run_questions(method, todo, Runtime(llm, retriever), store, config.workers, done,
+        runtime = Runtime(llm, retriever, reranker=reranker, rerank_depth=config.rerank_depth)
+        _run_questions(method, todo, runtime, store, config.workers, done,
                        len(dataset.questions), progress, on_result)
         session["ended"] = _now()
         store.write_json("manifest.json", manifest)

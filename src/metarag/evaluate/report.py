@@ -21,7 +21,7 @@ from metarag.evaluate.stats import (
     paired_t_test,
     significance_mark,
 )
-from metarag.records import Decide, Judge
+from metarag.records import Decide, Judge, Rerank
 
 TESTS = ("t-test", "bootstrap", "randomization")
 
@@ -79,6 +79,8 @@ def summarize(run: LoadedRun, prices: dict[str, Price] | None = None) -> dict:
         "n": n,
         "complete": run.complete,
         "errors": sum(r.error is not None for r in results),
+        "judge fallbacks": sum(1 for r in results for s in r.trace.steps if isinstance(s, Judge) and s.fallback),
+        "rerank fallbacks": sum(1 for r in results for s in r.trace.steps if isinstance(s, Rerank) and s.fallback),
         "EM": 100 * mean([r.scores.em for r in results]),
         "F1": 100 * mean([r.scores.f1 for r in results]),
         "Prec": 100 * mean([r.scores.precision for r in results]),
@@ -170,7 +172,9 @@ def breakdown(run: LoadedRun) -> str:
     for r in run.results:
         for s in r.trace.steps:
             if isinstance(s, Judge):
-                counts[("judge", s.name, s.verdict)] += 1
+                counts[("judge", s.name, s.verdict if s.name != "expert" else "(answer)")] += 1
+                if s.fallback:
+                    counts[("judge fallback", s.name, s.fallback.split(":")[0])] += 1
             elif isinstance(s, Decide):
                 counts[("decision", s.name, s.choice)] += 1
     if not counts:
