@@ -23,6 +23,7 @@ class Verdict:
     usage: Usage = Usage()
     detail: str = ""
     fallback: str | None = None
+    signals: tuple[tuple[str, float], ...] = ()  # named numbers a method may read (e.g. distances)
 
 
 @runtime_checkable
@@ -32,4 +33,4 @@ class Judge(Protocol):
 
     name: str
 
-    def judge(self, runtime: Runtime, inputs: Mapping[str, str]) -> Verdict: ...
+    def judge(self, runtime: Runtime, inputs: Mapping[str, str | tuple[str, ...]]) -> Verdict: ...

@@ -40,11 +40,11 @@ class Probe:
 
 @dataclass(frozen=True)
 class Assess:
-    """Ask a judge (see `metarag.judges.base.Judge`) for a verdict on named text inputs. Sends back
-    a `Verdict`."""
+    """Ask a judge (see `metarag.judges.base.Judge`) for a verdict on named inputs: texts, or tuples
+    of texts (e.g. an evidence boundary). Sends back a `Verdict`."""
 
     judge: Any
-    inputs: Mapping[str, str] = field(default_factory=dict)
+    inputs: Mapping[str, str | tuple[str, ...]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

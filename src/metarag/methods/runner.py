@@ -87,7 +87,9 @@ def execute(action: Action, runtime: Runtime) -> tuple[list[Step], Any]:
         start = time.perf_counter()
         verdict = action.judge.judge(runtime, action.inputs)
         usage = verdict.usage if verdict.usage.llm_requests else Usage(latency_s=time.perf_counter() - start)
-        sizes = {name: len(text.split()) for name, text in action.inputs.items()}
+        # input sizes: words of a text, items of a list (e.g. an evidence boundary)
+        sizes = {name: len(value.split()) if isinstance(value, str) else len(value)
+                 for name, value in action.inputs.items()}
         return [Judge(usage, action.judge.name, verdict.verdict, verdict.score, sizes, verdict.detail,
                       verdict.fallback)], verdict
     if isinstance(action, Note):
