@@ -36,8 +36,9 @@ def build_parser() -> argparse.ArgumentParser:
     ask.add_argument("question", help="the question to answer")
     add_method_args(ask)
     add_corpus_args(ask)
-    ask.add_argument("--retriever", default="bm25", choices=("bm25", "dense", "hybrid"),
-                     help="retriever: bm25, dense (MiniLM + FAISS), or hybrid (both fused by RRF) (default: bm25)")
+    ask.add_argument("--retriever", default="bm25", type=retriever_name,
+                     help="retriever: bm25, dense (MiniLM + FAISS), hybrid (both fused by RRF), or remote:URL "
+                          "(a metarag serve-retriever service) (default: bm25)")
     add_reranker_args(ask)
     add_llm_args(ask)
     ask.add_argument("--json", action="store_true", help="print the whole trace as JSON instead")
@@ -85,8 +86,48 @@ def build_parser() -> argparse.ArgumentParser:
                     help='price table {"model": {"input_per_1m": USD, "output_per_1m": USD}}')
     rp.add_argument("--breakdown", action="store_true",
                     help="also print each run's judge verdicts and decisions (study Table 2)")
+    rp.add_argument("--analysis", choices=("evoctx",), default=None,
+                    help="method-specific analyses: evoctx (oracle agreement, action allocation versus "
+                         "question-answer distance, confidence across rounds)")
     rp.set_defaults(handler=cmd_report)
+
+    srv = sub.add_parser("serve-retriever", help="serve an index over HTTP for many workers",
+                         description="Serve a built index (from `metarag index build`) on POST /retrieve "
+                                     '{"queries": [...], "topk": k} and GET /health, bound to 127.0.0.1 unless '
+                                     "--host says otherwise. Evaluations use it with --retriever remote:URL.")
+    srv.add_argument("--index", required=True, metavar="DIR", help="the index folder `metarag index build` printed")
+    srv.add_argument("--corpus", default=None, help="the corpus file, if the index folder holds no copy of it")
+    srv.add_argument("--retriever", default="bm25", choices=("bm25", "dense", "hybrid"))
+    srv.add_argument("--host", default="127.0.0.1")
+    srv.add_argument("--port", type=int, default=8000)
+    srv.set_defaults(handler=cmd_serve_retriever)
+
+    tc = sub.add_parser("train-critic", help="train SIM-RAG's lightweight critic by self-practice",
+                        description="Run the SIM-RAG reasoner on training questions with varying evidence, "
+                                    "label each answer correct or not against gold, train a logistic-regression "
+                                    "critic on MiniLM features and report held-out accuracy and AUC. Training "
+                                    "splits only. Use it with: metarag eval --method sim-rag --set critic=DIR")
+    tc.add_argument("--dataset", action="append", default=[], metavar="PRESET",
+                    help="a training preset (hotpotqa-train100, musique-train100, demo); repeatable")
+    tc.add_argument("--dataset-file", action="append", default=[], metavar="PATH",
+                    help="a training file of your own; repeatable (needs --allow-any if its name does not say train)")
+    tc.add_argument("--format", default=None, help="format of --dataset-file, when not detected")
+    tc.add_argument("--limit", type=int, default=None, help="a seeded sample of N questions per dataset")
+    tc.add_argument("--seed", type=int, default=0)
+    tc.add_argument("--out", required=True, metavar="DIR", help="where the critic and its manifest go")
+    tc.add_argument("--retriever", default="bm25", choices=("bm25", "dense", "hybrid"))
+    tc.add_argument("--allow-any", action="store_true", help="allow a --dataset-file not named as a training split")
+    tc.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_llm_args(tc)
+    tc.set_defaults(handler=cmd_train_critic)
     return parser
+
+
+def retriever_name(value: str) -> str:
+    """An argparse type: bm25, dense, hybrid or remote:URL."""
+    if value in ("bm25", "dense", "hybrid") or value.startswith("remote:"):
+        return value
+    raise argparse.ArgumentTypeError(f"unknown retriever {value!r}; valid: bm25, dense, hybrid, remote:URL")
 
 
 def add_method_args(p: argparse.ArgumentParser) -> None:
@@ -140,8 +181,9 @@ def add_eval_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
     p.add_argument("--workers", type=int, default=1,
                    help="questions run concurrently (useful against a served model; 1 for embedded)")
-    p.add_argument("--retriever", default="bm25", choices=("bm25", "dense", "hybrid"),
-                   help="retriever: bm25, dense, or hybrid (BM25 + dense fused by RRF) (default: bm25)")
+    p.add_argument("--retriever", default="bm25", type=retriever_name,
+                   help="retriever: bm25, dense (MiniLM + FAISS), hybrid (both fused by RRF), or remote:URL "
+                          "(a metarag serve-retriever service) (default: bm25)")
     add_reranker_args(p)
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a method setting by name; repeatable")
@@ -244,6 +286,37 @@ def cmd_report(args: argparse.Namespace) -> int:
         print(f"csv: {args.csv}")
     if args.plot:
         print(f"plot: {plot_runs(rows, args.plot)}")
+    if args.analysis == "evoctx":
+        from metarag.evaluate.evoctx_analysis import format_analysis
+
+        for run in runs:
+            print()
+            print(format_analysis(run))
+    return 0
+
+
+def cmd_serve_retriever(args: argparse.Namespace) -> int:
+    from metarag.retrieve.index import open_saved
+    from metarag.retrieve.service import serve
+
+    retriever = open_saved(args.index, args.retriever, args.corpus)
+    print(f"serving {args.retriever} over {args.index} on http://{args.host}:{args.port} "
+          "(POST /retrieve, GET /health)", file=sys.stderr)
+    serve(retriever, args.host, args.port)
+    return 0
+
+
+def cmd_train_critic(args: argparse.Namespace) -> int:
+    from metarag.evaluate.harness import DatasetSpec
+    from metarag.train.critic import run_training
+
+    specs = [DatasetSpec(preset=p, limit=args.limit, seed=args.seed) for p in args.dataset]
+    specs += [DatasetSpec(file=f, format=args.format, limit=args.limit, seed=args.seed) for f in args.dataset_file]
+    if not specs:
+        raise_config("give at least one --dataset PRESET or --dataset-file PATH")
+    report = run_training(specs, args.out, llm_spec=llm_spec_from_args(args), retriever=args.retriever,
+                          allow_any=args.allow_any, progress=not args.quiet)
+    print(report.summary())
     return 0
 
 

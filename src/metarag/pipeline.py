@@ -47,9 +47,14 @@ def load_passages(corpus: str | Path | None) -> list[Passage]:
 
 def open_retriever(passages: list[Passage], kind: str = "bm25", index_dir: str | Path | None = None
                    ) -> Retriever:
-    """The retriever `kind` over `passages`, its index built once and reused while it matches."""
+    """The retriever `kind` over `passages`, its index built once and reused while it matches;
+    `remote:URL` is a `metarag serve-retriever` service (its index, not `passages`, answers)."""
     from metarag.retrieve import index
 
+    if kind.startswith("remote:"):
+        from metarag.retrieve.remote import RemoteRetriever
+
+        return RemoteRetriever(kind.split(":", 1)[1])
     if kind not in RETRIEVERS:
         raise ConfigError(f"unknown retriever {kind!r}{close_matches(kind, RETRIEVERS)}")
     root = Path(index_dir) if index_dir else index.default_index_dir(passages)
@@ -88,6 +93,7 @@ def build_indexes(corpus: str | Path | None, kinds: Sequence[str], index_dir: st
             raise ConfigError(f"unknown retriever {kind!r}{close_matches(kind, RETRIEVERS)}")
     passages = load_passages(corpus)
     root = Path(index_dir) if index_dir else index.default_index_dir(passages)
+    index.save_corpus(root, passages)  # so `metarag serve-retriever --index ROOT` needs no --corpus
     lines = []
     for kind in kinds:
         start = time.perf_counter()
@@ -97,4 +103,5 @@ def build_indexes(corpus: str | Path | None, kinds: Sequence[str], index_dir: st
         stats = index.index_stats(folder)
         lines.append(f"{kind}: {stats.passages} passages, ready in {elapsed:.1f} s, "
                      f"{stats.size_bytes / 1e6:.1f} MB on disk at {folder}")
+    lines.append(f"index folder: {root}")
     return lines

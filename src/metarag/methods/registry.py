@@ -14,6 +14,9 @@ METHODS: dict[str, tuple[str, str, str]] = {
     "cot": ("metarag.methods.cot", "ChainOfThought", "CoTSettings"),
     "standard-rag": ("metarag.methods.standard_rag", "StandardRAG", "StandardRAGSettings"),
     "metarag": ("metarag.methods.metarag", "MetaRAG", "MetaRAGSettings"),
+    "sim-rag": ("metarag.methods.sim_rag", "SimRAG", "SimRAGSettings"),
+    "evoctx": ("metarag.methods.evoctx", "EvoCtx", "EvoCtxSettings"),
+    "iterdrag": ("metarag.methods.iterdrag", "IterDRAG", "IterDRAGSettings"),
 }
 
 # Methods that never retrieve: a run of them needs no corpus and loads no index.
