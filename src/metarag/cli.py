@@ -165,6 +165,9 @@ def add_llm_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="", help="model name on the server, for --llm openai")
     p.add_argument("--api-key-env", default="OPENAI_API_KEY",
                    help="environment variable holding the API key (default: OPENAI_API_KEY)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="CPU threads for the llama.cpp back-ends (default: all cores; 1 is faster when other "
+                        "jobs share the cores)")
     p.add_argument("--no-cache", action="store_true", help="do not use the persistent response cache")
 
 
@@ -324,7 +327,7 @@ def llm_spec_from_args(args: argparse.Namespace):
     from metarag.llm.registry import LLMSpec, check_spec
 
     spec = LLMSpec(backend=args.llm, gguf=args.gguf, base_url=args.base_url, model=args.model,
-                   api_key_env=args.api_key_env, response_cache=not args.no_cache)
+                   api_key_env=args.api_key_env, n_threads=args.threads, response_cache=not args.no_cache)
     check_spec(spec)
     return spec
 

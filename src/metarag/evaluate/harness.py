@@ -102,7 +102,8 @@ def prepare(config: EvalConfig):
                     "sha256": dataset.sha256, "n_questions": len(dataset.questions)},
         "corpus_fingerprint": corpus_fingerprint(dataset.passages) if needs_corpus else None,
         "retriever": config.retriever if needs_corpus else None,
-        "llm": {k: v for k, v in asdict(config.llm).items() if k != "response_cache"},
+        # how the model is run (threads, the response cache) does not change what it answers: not hashed
+        "llm": {k: v for k, v in asdict(config.llm).items() if k not in ("response_cache", "n_threads")},
     }
     if config.reranker != "none" and needs_corpus:  # absent otherwise, so run ids without one stay put
         resolved["reranker"] = {"spec": config.reranker, "depth": config.rerank_depth,

@@ -62,7 +62,10 @@ def summarize(run: LoadedRun, prices: dict[str, Price] | None = None) -> dict:
     requests = sum(u.llm_requests for u in usages)
     prompt = sum(u.prompt_tokens for u in usages)
     completion = sum(u.completion_tokens for u in usages)
-    llm_latency = sum(s.usage.latency_s for r in results for s in r.trace.steps if s.usage.llm_requests)
+    # latency per request counts requests the model really served: a response-cache hit's latency is
+    # a lookup's, which would make a resumed or repeated run look faster than the model is
+    fresh = [s.usage for r in results for s in r.trace.steps if s.usage.llm_requests and not s.usage.cache_hits]
+    llm_latency = sum(u.latency_s for u in fresh)
     identity = run.manifest.get("model_identity") or ""
     price = price_for(identity, prices) if identity else None
     recall = [r.support_recall for r in results if r.support_recall is not None]
@@ -92,7 +95,7 @@ def summarize(run: LoadedRun, prices: dict[str, Price] | None = None) -> dict:
         "completion tok/q": completion / n,
         "cached tok/q": sum(u.cached_tokens for u in usages) / n,
         "cache hits/q": sum(u.cache_hits for u in usages) / n,
-        "lat/req": llm_latency / requests if requests else 0.0,
+        "lat/req": llm_latency / len(fresh) if fresh else None,
         "lat/q": sum(u.latency_s for u in usages) / n,
         "retr/q": sum(u.retrieval_calls for u in usages) / n,
         "passages/q": sum(len(hits) for r in results for hits in r.trace.retrieval_rounds()) / n,

@@ -1,0 +1,201 @@
+"""SIM-RAG (Yang et al., 2025), as the MetaRAG reproducibility study compared it (§3.2, §4.3.5, §5.5):
+a reasoner answers, a critic decides whether to accept the answer or to search again.
+
+One question, as a policy over the shared runner loop:
+
+1. Retrieve the top-k passages for the question (the study ran SIM-RAG on its own top-5 retrieval,
+   §4.3.2; the official code starts from no passages, which `k=0` reproduces).
+2. Turn 0..max_turns: the reasoner answers from the question and every passage gathered so far, as
+   `Answer:` and `Rationale:` lines; the critic judges (question, passages, answer, rationale).
+   Accepted: that answer is final. Rejected: the reasoner writes a search query, the top
+   `k_followup` passages not seen before are appended in rank order, and it answers again. The
+   critic judges the last turn's answer too (as the official code does, so its verdicts can be
+   counted), but that answer is final whatever it says.
+
+Every critic verdict is a Judge step and a `sim-rag-turn` Decide step (accept / reject, with
+p_accept and the turn). Departures from the official code, on purpose: decoding is greedy (the
+study's temperature 0, §4.3.1; the official code samples at 0.6), the query is asked for as one
+plain line rather than a JSON object (small models break the JSON), and the loop stops early when a
+follow-up search finds nothing new (greedy decoding would repeat the same answer and verdict).
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from metarag.errors import ConfigError
+from metarag.evaluate.metrics import extract_short_answer
+from metarag.judges.base import Judge
+from metarag.judges.critic import ACCEPT, LLMCritic, TrainedCritic
+from metarag.judges.parse import first_json_object
+from metarag.llm.base import Decoding
+from metarag.methods.actions import Ask, Assess, Note, Search
+from metarag.methods.evidence import clean_answer, evidence_prompt, format_passages
+from metarag.methods.runner import Policy
+from metarag.records import Hit, Message, Question
+
+# The official reasoner prompt (force_answer_prompt and its "Answer: / Rationale:" format), put after
+# the shared evidence prefix so the reasoner, the critic and the query writer share the KV cache.
+ANSWER_TASK = ("Question: {question}\n"
+               "Answer this multi-hop question based on the passages above, if any. If you do not know part of "
+               "what the question refers to, do not make it up; if unsure, answer 'unsure'.\n"
+               "Respond only in this format, nothing else:\n"
+               "Answer: <the short answer: a name, a date, a number, a short phrase, or yes/no>\n"
+               "Rationale: <a brief multi-hop explanation, one or two sentences>")
+# The official search_query_prompt, shortened: one query for one missing part of the question.
+QUERY_TASK = ("Question: {question}\n"
+              "The passages above are not enough to answer the question. Write one search query for a single "
+              "entity or fact the question needs that the passages do not cover yet. Do not repeat a passage "
+              "title. Reply with the search query only.")
+
+_ANSWER_LINE = re.compile(r"^[\W_]*answer[\W_]*:(.*)$", re.IGNORECASE | re.MULTILINE)
+_RATIONALE_LINE = re.compile(r"^[\W_]*rationale[\W_]*:", re.IGNORECASE | re.MULTILINE)
+_QUERY_PREFIX = re.compile(r"^(?:search\s+query|query)\s*:\s*", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class SimRAGSettings:
+    """SIM-RAG settings.
+
+    k = 5: the first retrieval, the study's top five passages (§4.3.2, identical retrieval conditions
+    for MetaRAG and SIM-RAG); 0 starts from no passages as the official code does.
+    k_followup = 2: passages per follow-up query (official `top_docs=2`), seen passages excluded
+    (official `remove_repeat_docs`).
+    max_turns = 4: follow-up turns after the first answer (official inference `max_turns=4`).
+    critic: "llm" (the LLM's label probabilities), or the folder of a critic trained with
+    `metarag train-critic`. critic_labels: accept label first; ("1", "0") are the official critic's.
+    accept_threshold = 0.5: P(accept) at or above it accepts (the official critic takes its argmax).
+    max_tokens = 128 for answer and rationale ("a brief explanation"; official cap 256),
+    query_max_tokens = 32 for one search query.
+    """
+
+    k: int = 5
+    k_followup: int = 2
+    max_turns: int = 4
+    critic: str = "llm"
+    critic_labels: tuple[str, ...] = ("Yes", "No")
+    accept_threshold: float = 0.5
+    max_tokens: int = 128
+    query_max_tokens: int = 32
+
+    def __post_init__(self) -> None:
+        if self.k < 0 or self.k_followup < 1 or self.max_turns < 0:
+            raise ConfigError(f"sim-rag needs k >= 0, k_followup >= 1 and max_turns >= 0; got k={self.k}, "
+                              f"k_followup={self.k_followup}, max_turns={self.max_turns}")
+        if self.max_tokens < 1 or self.query_max_tokens < 1:
+            raise ConfigError("sim-rag max_tokens and query_max_tokens must be at least 1")
+        if not self.critic.strip():
+            raise ConfigError("sim-rag critic must be 'llm' or the folder of a trained critic")
+
+
+def build_critic(settings: SimRAGSettings) -> Judge:
+    """The critic `settings.critic` names: the LLM critic, or the trained one in that folder (its
+    manifest and encoder are checked here, before any model is loaded)."""
+    if settings.critic == "llm":
+        return LLMCritic(tuple(settings.critic_labels), settings.accept_threshold)
+    return TrainedCritic(settings.critic, settings.accept_threshold)
+
+
+def reasoner_prompt(question: str, passages: str) -> tuple[Message, ...]:
+    """The reasoner's prompt: the formatted passages first, the question and answer format last.
+    Self-practice (`metarag.train.critic`) asks exactly this."""
+    return evidence_prompt(passages, ANSWER_TASK.format(question=question))
+
+
+def query_prompt(question: str, passages: str) -> tuple[Message, ...]:
+    """The prompt asking for the next search query, over the same evidence prefix."""
+    return evidence_prompt(passages, QUERY_TASK.format(question=question))
+
+
+def parse_answer(text: str) -> tuple[str, str]:
+    """(short answer, rationale) from the reasoner's reply, by one fixed rule.
+
+    The answer is the rest of the first line that starts with "Answer:" (markdown ignored), cleaned
+    as `extract_short_answer` cleans (quotes, emphasis, closing period) and of the format's
+    placeholder brackets ("<unsure>" -> "unsure"); the rationale is everything
+    after the first "Rationale:" label up to the next "Answer:" line. Without an "Answer:" line the
+    answer is `extract_short_answer` of the whole reply (its "the answer is ..." rule) and the
+    rationale is the whole reply.
+    """
+    answer_match = _ANSWER_LINE.search(text)
+    rationale_match = _RATIONALE_LINE.search(text)
+    rationale = ""
+    if rationale_match:
+        rest = text[rationale_match.end():]
+        next_answer = _ANSWER_LINE.search(rest)
+        rationale = (rest[:next_answer.start()] if next_answer else rest).strip().lstrip("*_").strip()
+    if answer_match is None:
+        return extract_short_answer(text), rationale or text.strip()
+    answer = extract_short_answer(answer_match.group(1))
+    if not answer:  # "Answer:" alone on its line, the answer on the next one
+        following = text[answer_match.end():]
+        cut = _RATIONALE_LINE.search(following)
+        answer = extract_short_answer(following[:cut.start()] if cut else following)
+    if not rationale:
+        rationale = (text[:answer_match.start()] + text[answer_match.end():]).strip()
+    # Small models copy the format's placeholder brackets: "Answer: <unsure>".
+    if len(answer) > 2 and answer.startswith("<") and answer.endswith(">"):
+        answer = answer[1:-1].strip()
+    return answer, rationale
+
+
+def parse_query(text: str) -> str:
+    """The search query in the reply: a JSON object's "search_query" (the official format), else the
+    first line that is not empty once stripped of a "Query:" label, quotes, code fences and markdown.
+    "" when there is none."""
+    data = first_json_object(text)
+    if data is not None:
+        value = data.get("search_query", data.get("query"))
+        if isinstance(value, str) and value.strip():
+            return value.strip()
+    for line in text.splitlines():
+        if line.strip().startswith("```"):
+            continue
+        query = clean_answer(_QUERY_PREFIX.sub("", clean_answer(line)))
+        if query:
+            return query
+    return ""
+
+
+class SimRAG:
+    """SIM-RAG: answer, let the critic accept or reject, search again on rejection (see the module)."""
+
+    name = "sim-rag"
+
+    def __init__(self, settings: SimRAGSettings = SimRAGSettings(), critic: Judge | None = None):
+        self.settings = settings
+        self.critic = critic if critic is not None else build_critic(settings)
+
+    def policy(self, question: Question) -> Policy:
+        s = self.settings
+        hits: list[Hit] = list((yield Search(question.text, s.k))) if s.k > 0 else []
+        answer = ""
+        for turn in range(s.max_turns + 1):
+            passages = format_passages(hits)
+            completion = yield Ask("answer", reasoner_prompt(question.text, passages),
+                                   Decoding(max_tokens=s.max_tokens))
+            answer, rationale = parse_answer(completion.text)
+            verdict = yield Assess(self.critic, {"question": question.text, "passages": passages,
+                                                 "answer": answer, "rationale": rationale})
+            accepted = verdict.verdict == ACCEPT
+            signals = [("turn", float(turn)), ("passages", float(len(hits)))]
+            if verdict.score is not None:
+                signals.insert(0, ("p_accept", float(verdict.score)))
+            yield Note("sim-rag-turn", "accept" if accepted else "reject", tuple(signals))
+            if accepted or turn == s.max_turns:
+                break
+            # No stop at a newline: a model that opens with a blank line or a code fence would be cut
+            # before its query; parse_query takes the first line that holds one.
+            reply = yield Ask("query", query_prompt(question.text, passages),
+                              Decoding(max_tokens=s.query_max_tokens))
+            query = parse_query(reply.text)
+            if not query:
+                yield Note("sim-rag-query", "question-fallback")
+                query = question.text
+            seen = frozenset(h.passage.id for h in hits)
+            new = list((yield Search(query, s.k_followup, exclude=seen)))
+            if not new:
+                yield Note("sim-rag-stop", "no-new-passages", (("turn", float(turn)),))
+                break
+            hits.extend(new)
+        return answer

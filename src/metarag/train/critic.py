@@ -1,0 +1,413 @@
+"""SIM-RAG's self-practice and critic training (Yang et al., 2025; study §3.2): make the data a critic
+learns from by letting the reasoner answer training questions, then train a lightweight critic on it.
+
+1. `self_practice`: the SIM-RAG reasoner (its own prompt and answer parser, `methods.sim_rag`)
+   answers each training question over growing prefixes of the question's retrieval (0, 1, 3, 5
+   passages by default), so the same question yields answers made with too little and with enough
+   evidence; each (question, passages, answer, rationale) is labelled correct or not against gold
+   (exact match, or token F1 at or above a threshold).
+2. `train_critic`: logistic regression (class-balanced) or a small MLP, both scikit-learn, on the
+   MiniLM embeddings of `critic_text`; accuracy and ROC AUC on held-out questions; saved as
+   `critic.joblib` + `manifest.json` for `--set critic=DIR`.
+
+Training data must be training data: `check_training_split` refuses evaluation sets (see its rule).
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+import math
+import os
+import random
+import re
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+
+from metarag import __version__
+from metarag.data.datasets import DEMO, PRESETS, Dataset
+from metarag.errors import ConfigError, DataError
+from metarag.evaluate.metrics import score_answer
+from metarag.judges.critic import (
+    CRITIC_FORMAT,
+    CRITIC_TEXT_VERSION,
+    MANIFEST_FILE,
+    MODEL_FILE,
+    MiniLMFeatures,
+    TextEncoder,
+    critic_text,
+    import_joblib,
+    load_critic,
+)
+from metarag.llm.base import LLM, Decoding, generate
+from metarag.methods.evidence import format_passages
+from metarag.methods.sim_rag import SimRAGSettings, parse_answer, reasoner_prompt
+from metarag.records import Question
+from metarag.retrieve.base import Retriever
+
+if TYPE_CHECKING:
+    from metarag.evaluate.harness import DatasetSpec
+    from metarag.llm.registry import LLMSpec
+
+# `load_critic` lives with the critic it loads (judges/critic.py); it is re-exported here beside the trainer.
+__all__ = ["TRAINING_PRESETS", "CriticReport", "CriticTrainSettings", "PracticeExample", "PracticeSettings",
+           "check_training_split", "load_critic", "load_examples", "run_training", "self_practice",
+           "train_critic"]
+
+# The shared presets that are training splits; `demo` is the HotpotQA train100 set shipped in the package.
+TRAINING_PRESETS = frozenset({"hotpotqa-train100", "musique-train100", DEMO})
+PRACTICE_FILE = "practice.jsonl"
+# "train" at the start of the name or after a non-letter: "train100_official", "my-train", not "retrain".
+_TRAIN_WORD = re.compile(r"(?<![a-z])train")
+
+
+def check_training_split(dataset: Dataset, allow_any: bool = False) -> None:
+    """Refuse to self-practice on an evaluation split, so no critic ever sees the questions it is
+    evaluated on.
+
+    The rule: a preset is allowed only if it is one of TRAINING_PRESETS (hotpotqa-train100,
+    musique-train100, demo); any other preset (hotpotqa-dev500, 2wiki-dev1000, bamboogle ...) is
+    refused. A user file is allowed when its name says it is a training split ("train" at the start
+    of the file name or after a non-letter: train.json, hotpotqa_train.json, my-train-set.jsonl);
+    any other file needs `allow_any=True` (`--allow-any-dataset`), the user's word that it is.
+    """
+    name = dataset.name
+    if name in TRAINING_PRESETS:
+        return
+    if name in PRESETS:
+        raise ConfigError(f"{name} is an evaluation set: a critic is trained only on training splits "
+                          f"({', '.join(sorted(TRAINING_PRESETS))}, or a file of your own training questions)")
+    if allow_any or _TRAIN_WORD.search(name.lower()):
+        return
+    raise ConfigError(f"the file {dataset.path} is not named as a training split: to train a critic on it, "
+                      "rename it to say 'train' (e.g. my_train.json) or pass allow_any=True "
+                      "(--allow-any-dataset) if it holds no evaluation questions")
+
+
+# ----------------------------------------------------------------------------------- self-practice
+@dataclass(frozen=True)
+class PracticeSettings:
+    """How self-practice makes critic training data.
+
+    evidence_sizes = (0, 1, 3, 5): answers over the top 0, 1, 3 and 5 retrieved passages, so each
+    question gives answers made with no, partial and the full first-round evidence (the official
+    code varies evidence by running its retrieval turns; prefixes of one retrieval do the same in
+    fewer calls, and share the KV cache). label = "em": correct when the answer exactly matches a
+    gold alias (official labels use EM); "f1" labels correct at token F1 >= f1_threshold.
+    max_tokens: the reasoner's budget, that of SIM-RAG at inference.
+    """
+
+    evidence_sizes: tuple[int, ...] = (0, 1, 3, 5)
+    label: Literal["em", "f1"] = "em"
+    f1_threshold: float = 0.5
+    max_tokens: int = SimRAGSettings().max_tokens
+
+    def __post_init__(self) -> None:
+        if not self.evidence_sizes or any(n < 0 for n in self.evidence_sizes):
+            raise ConfigError(f"evidence_sizes must be counts >= 0, got {self.evidence_sizes}")
+        if self.label not in ("em", "f1"):
+            raise ConfigError(f"label must be 'em' or 'f1', got {self.label!r}")
+        if not 0.0 < self.f1_threshold <= 1.0:
+            raise ConfigError(f"f1_threshold must be in (0, 1], got {self.f1_threshold}")
+
+
+@dataclass(frozen=True)
+class PracticeExample:
+    """One self-practice answer and its label: the critic's input fields, plus how it scored."""
+
+    dataset: str
+    question_id: str
+    question: str
+    passages: str
+    answer: str
+    rationale: str
+    n_passages: int
+    em: float
+    f1: float
+    correct: bool
+
+    def text(self) -> str:
+        """What the critic sees of this example (the same text as at inference)."""
+        return critic_text(self.question, self.passages, self.answer, self.rationale)
+
+
+def self_practice(dataset: Dataset, llm: LLM, retriever: Retriever | None,
+                  settings: PracticeSettings = PracticeSettings(), *, allow_any: bool = False, progress: bool = True,
+                  on_example: Callable[[PracticeExample], None] | None = None) -> list[PracticeExample]:
+    """The SIM-RAG reasoner's answers to each question of a training `dataset`, labelled against gold.
+
+    One retrieval per question (top max(evidence_sizes) for the question text); one answer per
+    evidence size, smallest first so each prompt extends the previous one's cached prefix.
+    Questions without gold answers are skipped. `on_example` sees each example as it is made.
+    """
+    from tqdm import tqdm
+
+    check_training_split(dataset, allow_any)
+    sizes = sorted(set(settings.evidence_sizes))
+    examples: list[PracticeExample] = []
+    decoding = Decoding(max_tokens=settings.max_tokens)
+    for question in tqdm(dataset.questions, desc=f"self-practice {dataset.name}", unit="q", disable=not progress):
+        if not question.answers:
+            continue
+        hits = retriever.search(question.text, sizes[-1]) if retriever is not None and sizes[-1] > 0 else []
+        for n in sizes:
+            passages = format_passages(hits[:n])
+            completion = generate(llm, reasoner_prompt(question.text, passages), decoding)
+            answer, rationale = parse_answer(completion.text)
+            example = _labelled(dataset.name, question, passages, min(n, len(hits)), answer, rationale, settings)
+            examples.append(example)
+            if on_example is not None:
+                on_example(example)
+    return examples
+
+
+def _labelled(dataset: str, question: Question, passages: str, n: int, answer: str, rationale: str,
+              settings: PracticeSettings) -> PracticeExample:
+    scores = score_answer(answer, question.answers)
+    correct = scores.em == 1.0 if settings.label == "em" else scores.f1 >= settings.f1_threshold
+    return PracticeExample(dataset, question.id, question.text, passages, answer, rationale, n, scores.em,
+                           scores.f1, bool(correct))
+
+
+def save_examples(examples: Sequence[PracticeExample], path: str | Path) -> None:
+    """Write examples as JSON lines (what `run_training` keeps beside the critic)."""
+    with open(path, "w", encoding="utf-8") as f:
+        for example in examples:
+            f.write(json.dumps(dataclasses.asdict(example), ensure_ascii=False) + "\n")
+
+
+def load_examples(path: str | Path) -> list[PracticeExample]:
+    """Examples written by `save_examples` or `run_training` (practice.jsonl), to train again."""
+    names = {f.name for f in dataclasses.fields(PracticeExample)}
+    examples = []
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+                examples.append(PracticeExample(**{k: v for k, v in record.items() if k in names}))
+            except (ValueError, TypeError) as exc:
+                raise DataError(f"not a practice example: {exc}", path=str(path), line=number) from None
+    return examples
+
+
+# ----------------------------------------------------------------------------------- training
+@dataclass(frozen=True)
+class CriticTrainSettings:
+    """How the critic is trained.
+
+    classifier "logreg": logistic regression with balanced class weights (answers are mostly wrong
+    or mostly right depending on the model; balancing keeps the critic from always saying one
+    thing); "mlp": one hidden layer of `hidden` units. heldout = 0.2 of the questions (all their
+    examples together, so no question is on both sides) are kept out of training to measure
+    accuracy and AUC; the saved critic is the one those figures describe.
+    """
+
+    classifier: Literal["logreg", "mlp"] = "logreg"
+    heldout: float = 0.2
+    seed: int = 0
+    C: float = 1.0
+    hidden: int = 64
+
+    def __post_init__(self) -> None:
+        if self.classifier not in ("logreg", "mlp"):
+            raise ConfigError(f"classifier must be 'logreg' or 'mlp', got {self.classifier!r}")
+        if not 0.0 <= self.heldout < 1.0:
+            raise ConfigError(f"heldout must be in [0, 1), got {self.heldout}")
+
+
+@dataclass(frozen=True)
+class CriticReport:
+    """What training produced: where the critic is, on what it was trained and how it did."""
+
+    path: str
+    questions: int
+    examples: int
+    correct: int
+    train_examples: int
+    heldout_examples: int
+    accuracy: float | None
+    auc: float | None
+    majority_accuracy: float | None
+    by_evidence: dict[int, float] = field(default_factory=dict)
+
+    def summary(self) -> str:
+        """A few lines for the terminal."""
+        def pct(x: float | None) -> str:
+            return "n/a" if x is None else f"{100 * x:.1f}%"
+
+        lines = [f"critic saved in {self.path}",
+                 f"self-practice: {self.examples} examples from {self.questions} questions, "
+                 f"{self.correct} correct ({pct(self.correct / self.examples if self.examples else None)})",
+                 "answers correct by passages given: "
+                 + ", ".join(f"{n}: {pct(rate)}" for n, rate in sorted(self.by_evidence.items())),
+                 f"held out: {self.heldout_examples} examples; trained on {self.train_examples}"]
+        if self.heldout_examples:
+            auc = "n/a (one class held out)" if self.auc is None else f"{self.auc:.3f}"
+            lines.append(f"held-out accuracy {pct(self.accuracy)} (majority class {pct(self.majority_accuracy)}), "
+                         f"ROC AUC {auc}")
+        return "\n".join(lines)
+
+
+def train_critic(examples: Sequence[PracticeExample], out_dir: str | Path, *, encoder: TextEncoder | None = None,
+                 settings: CriticTrainSettings = CriticTrainSettings(),
+                 provenance: Mapping[str, Any] | None = None) -> CriticReport:
+    """Train a critic on `examples`, measure it on held-out questions, save it in `out_dir`.
+
+    `encoder` defaults to the packaged MiniLM (`MiniLMFeatures`); `provenance` (datasets and their
+    sha256s, the LLM, the practice settings) is written into the manifest as given.
+    """
+    joblib = import_joblib()
+    import sklearn
+
+    if not examples:
+        raise DataError("no self-practice examples to train a critic on")
+    labels = np.array([int(e.correct) for e in examples])
+    encoder = encoder if encoder is not None else MiniLMFeatures()
+    train_idx, heldout_idx = _split_by_question(examples, settings.heldout, settings.seed)
+    if len(set(labels[train_idx].tolist())) < 2:
+        raise DataError(f"the training part of the self-practice data holds only "
+                        f"{'correct' if labels[train_idx][0] else 'incorrect'} answers: a critic needs both "
+                        "(practice on more questions, or label with f1)")
+    features = encoder.encode([e.text() for e in examples])
+    classifier = _classifier(settings)
+    classifier.fit(features[train_idx], labels[train_idx])
+    positive = list(classifier.classes_).index(1)
+    metrics = _heldout_metrics(classifier, positive, features[heldout_idx], labels[heldout_idx],
+                               majority=int(labels[train_idx].mean() >= 0.5))
+
+    out = Path(out_dir).expanduser()
+    out.mkdir(parents=True, exist_ok=True)
+    # The manifest goes last: a folder without one is not a critic, so a crash leaves no half critic.
+    (out / MANIFEST_FILE).unlink(missing_ok=True)
+    tmp = out / f".{MODEL_FILE}.tmp"
+    joblib.dump(classifier, tmp)
+    os.replace(tmp, out / MODEL_FILE)
+    questions = len({(e.dataset, e.question_id) for e in examples})
+    by_evidence = {n: float(np.mean([e.correct for e in examples if e.n_passages == n]))
+                   for n in sorted({e.n_passages for e in examples})}
+    describe = getattr(encoder, "describe", None)
+    manifest = {
+        "format": CRITIC_FORMAT,
+        "kind": "sim-rag-critic",
+        "critic_text_version": CRITIC_TEXT_VERSION,
+        "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "metarag_version": __version__,
+        "sklearn_version": sklearn.__version__,
+        "classifier": dataclasses.asdict(settings),
+        "positive_index": positive,
+        "encoder": describe() if callable(describe) else dict(encoder.identity),
+        "seed": settings.seed,
+        "questions": questions,
+        "examples": len(examples),
+        "labels": {"correct": int(labels.sum()), "incorrect": int(len(labels) - labels.sum())},
+        "examples_by_dataset": dict(Counter(e.dataset for e in examples)),
+        "correct_rate_by_passages": {str(n): rate for n, rate in by_evidence.items()},
+        "split": {"train_examples": len(train_idx), "heldout_examples": len(heldout_idx),
+                  "heldout_questions": len({examples[i].question_id for i in heldout_idx})},
+        "metrics": metrics,
+        **dict(provenance or {}),
+    }
+    tmp = out / f".{MANIFEST_FILE}.tmp"
+    tmp.write_text(json.dumps(manifest, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    os.replace(tmp, out / MANIFEST_FILE)
+    return CriticReport(str(out), questions, len(examples), int(labels.sum()), len(train_idx), len(heldout_idx),
+                        metrics["accuracy"], metrics["auc"], metrics["majority_accuracy"], by_evidence)
+
+
+def _split_by_question(examples: Sequence[PracticeExample], heldout: float, seed: int
+                       ) -> tuple[np.ndarray, np.ndarray]:
+    """Example indices (train, held out), with every example of a question on the same side."""
+    keys = sorted({(e.dataset, e.question_id) for e in examples})
+    random.Random(seed).shuffle(keys)
+    n_heldout = math.ceil(heldout * len(keys)) if heldout > 0 and len(keys) > 1 else 0
+    held = set(keys[:n_heldout])
+    side = np.array([(e.dataset, e.question_id) in held for e in examples])
+    return np.flatnonzero(~side), np.flatnonzero(side)
+
+
+def _classifier(settings: CriticTrainSettings) -> Any:
+    if settings.classifier == "mlp":
+        from sklearn.neural_network import MLPClassifier
+
+        return MLPClassifier(hidden_layer_sizes=(settings.hidden,), alpha=1e-3, max_iter=500,
+                             random_state=settings.seed)
+    from sklearn.linear_model import LogisticRegression
+
+    return LogisticRegression(C=settings.C, class_weight="balanced", max_iter=2000, random_state=settings.seed)
+
+
+def _heldout_metrics(classifier: Any, positive: int, features: np.ndarray, labels: np.ndarray,
+                     majority: int) -> dict[str, float | int | None]:
+    """Accuracy (P >= 0.5 accepts), ROC AUC (None when only one class is held out) and the accuracy
+    of always predicting the training majority, on the held-out examples."""
+    if len(labels) == 0:
+        return {"accuracy": None, "auc": None, "majority_accuracy": None, "heldout_positives": 0}
+    from sklearn.metrics import roc_auc_score
+
+    p = classifier.predict_proba(features)[:, positive]
+    accuracy = float(np.mean((p >= 0.5).astype(int) == labels))
+    auc = float(roc_auc_score(labels, p)) if len(set(labels.tolist())) == 2 else None
+    return {"accuracy": accuracy, "auc": auc, "majority_accuracy": float(np.mean(labels == majority)),
+            "heldout_positives": int(labels.sum())}
+
+
+# ----------------------------------------------------------------------------------- the command
+def run_training(datasets: Sequence[DatasetSpec], out_dir: str | Path, *, llm_spec: LLMSpec | None = None,
+                 retriever: str = "bm25", practice: PracticeSettings = PracticeSettings(),
+                 train: CriticTrainSettings = CriticTrainSettings(), allow_any: bool = False,
+                 progress: bool = True, llm: LLM | None = None,
+                 encoder: TextEncoder | None = None) -> CriticReport:
+    """`metarag train-critic`: self-practice on each training dataset, then train and save the critic.
+
+    Every name and dataset is resolved and checked (training splits only) before any model loads.
+    The examples are appended to `out_dir/practice.jsonl` as they are made (train again from it
+    with `load_examples` + `train_critic`). `llm` / `encoder` replace the built ones (tests).
+    """
+    from metarag.evaluate.harness import load_questions
+    from metarag.llm.registry import LLMSpec, check_spec, make_llm
+    from metarag.pipeline import RETRIEVERS, open_retriever
+
+    if not datasets:
+        raise ConfigError("give at least one training dataset (--dataset PRESET or --dataset-file PATH)")
+    if retriever not in RETRIEVERS:
+        raise ConfigError(f"unknown retriever {retriever!r}; valid: {', '.join(RETRIEVERS)}")
+    llm_spec = llm_spec if llm_spec is not None else LLMSpec()
+    check_spec(llm_spec)
+    loaded = [load_questions(spec) for spec in datasets]
+    for dataset in loaded:
+        check_training_split(dataset, allow_any)
+        if max(practice.evidence_sizes) > 0 and not dataset.passages:
+            raise ConfigError(f"{dataset.name} has no passages to retrieve from: give it a corpus")
+    import_joblib()  # fail on a missing `train` extra now, not after the self-practice
+    encoder = encoder if encoder is not None else MiniLMFeatures()
+    llm = llm if llm is not None else make_llm(llm_spec)
+
+    out = Path(out_dir).expanduser()
+    out.mkdir(parents=True, exist_ok=True)
+    examples: list[PracticeExample] = []
+    with open(out / PRACTICE_FILE, "w", encoding="utf-8") as sink:
+        def keep(example: PracticeExample) -> None:
+            sink.write(json.dumps(dataclasses.asdict(example), ensure_ascii=False) + "\n")
+            sink.flush()
+
+        for dataset in loaded:
+            found = open_retriever(list(dataset.passages or ()), retriever) if max(practice.evidence_sizes) else None
+            examples += self_practice(dataset, llm, found, practice, allow_any=allow_any, progress=progress,
+                                      on_example=keep)
+    provenance = {
+        "datasets": [{"name": d.name, "path": d.path, "sha256": d.sha256, "format": d.format,
+                      "questions": len(d.questions), "limit": spec.limit, "sample_seed": spec.seed}
+                     for d, spec in zip(loaded, datasets)],
+        "llm": {"identity": llm.identity, "sha256": getattr(llm, "model_sha256", None)},
+        "retriever": retriever,
+        "practice": dataclasses.asdict(practice),
+    }
+    return train_critic(examples, out, encoder=encoder, settings=train, provenance=provenance)
+
