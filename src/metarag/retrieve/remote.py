@@ -1,0 +1,127 @@
+"""A retriever that asks a retrieval service over HTTP (`metarag serve-retriever`, `retrieve/service.py`).
+
+Many evaluation workers then share one loaded index. Standard library only (urllib): no extra to
+install on the workers' side.
+"""
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Collection, Sequence
+from typing import Any
+
+from metarag.errors import BackendError, ConfigError
+from metarag.records import Hit, Passage
+from metarag.retrieve.index import LRUCache, cached_search
+
+# Worth another try: the server restarting, overloaded or behind a proxy that timed out.
+RETRYABLE_STATUS = (429, 500, 502, 503, 504)
+
+
+class RemoteRetriever:
+    """Hits from the retrieval service at `url` (`POST {url}/retrieve`), as if the index were local.
+
+    A request that cannot reach the service, times out or gets a 5xx/429 answer is tried again up to
+    `max_retries` times, waiting `backoff_s`, then twice that, and so on; after that (or at once for
+    a 4xx answer, which a retry would not change) BackendError names the URL and the reason.
+    Hits carry the name of the retriever the service runs. The last `cache_size` answers are kept.
+    """
+
+    name = "remote"
+
+    def __init__(self, url: str, timeout_s: float = 30.0, max_retries: int = 3, backoff_s: float = 0.5, *,
+                 cache_size: int = 1024):
+        if not url.startswith(("http://", "https://")):
+            raise ConfigError(f"remote retriever URL must start with http:// or https://, got {url!r}")
+        if timeout_s <= 0 or max_retries < 0 or backoff_s < 0:
+            raise ConfigError("remote retriever needs timeout_s > 0, max_retries >= 0 and backoff_s >= 0")
+        base = url.rstrip("/")
+        # Accept the endpoint's own URL too, as Search-R1-style agents are configured with it.
+        self.url = base.removesuffix("/retrieve")
+        self.timeout_s = timeout_s
+        self.max_retries = max_retries
+        self.backoff_s = backoff_s
+        self.cache: LRUCache[tuple[str, int, frozenset[str]], tuple[Hit, ...]] = LRUCache(cache_size)
+
+    def search(self, query: str, k: int, exclude: Collection[str] = ()) -> list[Hit]:
+        """The k best passages for `query` by the service's retriever, skipping ids in `exclude`."""
+        return self.search_many([query], k, exclude)[0]
+
+    def search_many(self, queries: Sequence[str], k: int, exclude: Collection[str] = ()) -> list[list[Hit]]:
+        """`search` for each of `queries`, in one request."""
+        if k <= 0 or not queries:
+            return [[] for _ in queries]
+        excluded = frozenset(exclude)
+        return cached_search(self.cache, queries, k, excluded, lambda missing: self._retrieve(missing, k, excluded))
+
+    def health(self) -> dict[str, Any]:
+        """The service's `GET /health` answer (retriever name, passage count)."""
+        answer = self._call("GET", "/health", None)
+        if not isinstance(answer, dict):
+            raise BackendError(f"retrieval service at {self.url}: /health answered {answer!r}")
+        return answer
+
+    def _retrieve(self, queries: list[str], k: int, exclude: frozenset[str]) -> list[list[Hit]]:
+        body: dict[str, Any] = {"queries": queries, "topk": k}
+        if exclude:
+            body["exclude"] = [sorted(exclude)] * len(queries)
+        answer = self._call("POST", "/retrieve", body)
+        try:
+            rows = answer["result"]
+            if not isinstance(rows, list) or len(rows) != len(queries):
+                raise ValueError(f"expected {len(queries)} result lists")
+            name = str(answer.get("retriever", self.name))
+            return [[Hit(Passage(str(h["id"]), str(h["title"]), str(h["text"])), float(h["score"]), name)
+                     for h in row] for row in rows]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise BackendError(f"retrieval service at {self.url} answered in an unexpected shape: {exc!r}") from None
+
+    def _call(self, method: str, path: str, body: dict[str, Any] | None) -> Any:
+        """The JSON answer of one request, tried again with backoff when the failure may pass."""
+        url = self.url + path
+        data = None if body is None else json.dumps(body).encode()
+        attempts = self.max_retries + 1
+        reason = ""
+        for attempt in range(attempts):
+            if attempt:
+                time.sleep(self.backoff_s * 2 ** (attempt - 1))
+            request = urllib.request.Request(url, data=data, method=method,
+                                             headers={"Content-Type": "application/json"})
+            try:
+                with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+                    payload = response.read()
+            except urllib.error.HTTPError as exc:  # the service answered, with an error status
+                message = _error_message(exc)
+                if exc.code not in RETRYABLE_STATUS:
+                    raise BackendError(f"retrieval service at {url} refused the request: HTTP {exc.code}: "
+                                       f"{message}") from None
+                reason = f"HTTP {exc.code}: {message}"
+            except urllib.error.URLError as exc:  # refused, unknown host, ...
+                reason = str(exc.reason)
+            except (TimeoutError, ConnectionError) as exc:  # timed out or dropped mid-answer
+                reason = f"{type(exc).__name__}: {exc}"
+            else:
+                try:
+                    return json.loads(payload)
+                except ValueError:
+                    raise BackendError(f"retrieval service at {url} answered with something other than JSON: "
+                                       f"{payload[:200]!r}") from None
+        raise BackendError(f"retrieval service at {url} failed after {attempts} attempt(s): {reason}",
+                           retryable=True)
+
+
+def _error_message(exc: urllib.error.HTTPError) -> str:
+    """The service's own message from an error answer ({"error": ...}), else its raw start."""
+    try:
+        raw = exc.read()
+    except OSError:
+        return exc.reason if isinstance(exc.reason, str) else ""
+    try:
+        payload = json.loads(raw)
+    except ValueError:
+        return raw[:200].decode(errors="replace")
+    if isinstance(payload, dict) and "error" in payload:
+        return str(payload["error"])
+    return raw[:200].decode(errors="replace")
