@@ -102,3 +102,14 @@ def test_plan_table():
     assert choose_plan(True, False, None) == "rewrite"
     assert choose_plan(False, True, None) == "strict-passages"
     assert choose_plan(False, False, None) == "decompose"
+
+
+def test_reasoning_cut_off_before_its_answer_line_gets_a_finalize_call(corpus):
+    llm = scripted(0.9, 0.9, 0.9)
+    llm.rules[0].responses = ["Step 1: find the engineer.\nStep 2: find where he was"]  # no 'Answer:'
+    llm.rules.insert(0, type(llm.rules[0])("Give only the final short answer", ["Dijon."]))
+    trace = run(MetaRAG(SETTINGS), Q, Runtime(llm, MemoryRetriever(corpus)))
+    purposes = [s.purpose for s in trace.steps if hasattr(s, "purpose")]
+    assert purposes[:2] == ["reason", "finalize"] and trace.answer == "Dijon"
+    finalize_prompt = llm.prompts[1]
+    assert finalize_prompt.startswith(llm.prompts[0].rsplit("<assistant>", 1)[0])  # same prefix, KV reused

@@ -177,6 +177,16 @@ def _first_nonempty_line(text: str) -> str:
     return ""
 
 
+def marked_answer(text: str) -> str | None:
+    """The answer after the last answer marker that has one (see `extract_short_answer`), or None
+    when the text has no marked answer (e.g. reasoning cut off by the token budget)."""
+    for marker in reversed(list(_ANSWER_MARKER.finditer(text))):
+        answer = _first_nonempty_line(text[marker.end():])
+        if answer:
+            return answer
+    return None
+
+
 def extract_short_answer(text: str) -> str:
     """Pull the short final answer out of a model's free text by one fixed rule (used by CoT).
 
@@ -187,8 +197,5 @@ def extract_short_answer(text: str) -> str:
     trailing periods. So "So the answer is: Paris." gives "Paris", "Answer:\\nParis" gives "Paris",
     and reasoning that ends with "Final answer: 1990" gives "1990". Returns "" when nothing is left.
     """
-    for marker in reversed(list(_ANSWER_MARKER.finditer(text))):
-        answer = _first_nonempty_line(text[marker.end():])
-        if answer:
-            return answer
-    return _first_nonempty_line(text)
+    answer = marked_answer(text)
+    return answer if answer is not None else _first_nonempty_line(text)

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from metarag.evaluate.metrics import extract_short_answer
+from metarag.evaluate.metrics import marked_answer
 from metarag.judges.llm_judges import ReasoningCheck, external_sufficiency, internal_sufficiency
 from metarag.judges.models import make_entailment, make_expert
 from metarag.judges.similarity import AnswerSimilarity
@@ -36,7 +36,7 @@ from metarag.llm.base import Decoding
 from metarag.methods.actions import Ask, Assess, Note, Search
 from metarag.methods.evidence import clean_answer, evidence_prompt, format_passages
 from metarag.methods.runner import Policy
-from metarag.records import Hit, Question
+from metarag.records import Hit, Message, Question
 
 REASON_TASK = ("Question: {question}\n{guidance}"
                "Think step by step in at most three short sentences, then give the final answer on a last "
@@ -44,6 +44,7 @@ REASON_TASK = ("Question: {question}\n{guidance}"
                "yes/no).")
 REWRITE_TASK = ("Question: {question}\nThe passages above miss information needed to answer the question. "
                 "Write one search query for the missing information. Reply with the query only.")
+FINALIZE_TASK = "Give only the final short answer to the question, with no explanation."
 DECOMPOSE_TASK = ("Question: {question}\nWrite the first simpler sub-question that must be answered to answer "
                   "the question. Reply with the sub-question only.")
 
@@ -130,11 +131,17 @@ class MetaRAG:
         """The cognitive-space reasoner: rationale, then 'Answer: ...' (the fixed extraction rule)."""
         yield Note("iteration", "reason")
         task = REASON_TASK.format(question=question.text, guidance=guidance)
-        out = yield Ask("reason", evidence_prompt(format_passages(hits), task),
-                        Decoding(max_tokens=self.settings.reason_max_tokens))
-        answer = extract_short_answer(out.text)
+        prompt = evidence_prompt(format_passages(hits), task)
+        out = yield Ask("reason", prompt, Decoding(max_tokens=self.settings.reason_max_tokens))
+        answer = marked_answer(out.text)
         rationale = "\n".join(line for line in out.text.strip().splitlines()
                               if not line.strip().lower().startswith(("answer:", "**answer")))
+        if answer is None:
+            # The reasoning ran out of tokens before its 'Answer:' line: ask for the answer alone in the
+            # same conversation (the prompt prefix is reused), rather than scoring a reasoning line.
+            final = yield Ask("finalize", (*prompt, Message("assistant", out.text), Message("user", FINALIZE_TASK)),
+                              Decoding(max_tokens=self.settings.query_max_tokens, stop=("\n",)))
+            answer = clean_answer(final.text)
         return answer, rationale.strip()
 
 
