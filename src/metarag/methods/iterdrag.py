@@ -1,0 +1,148 @@
+"""IterDRAG (Yue et al., 2025, "Inference scaling for long-context retrieval augmented generation"),
+as the EvoCtx paper ran it for comparison (Chen et al., 2026, §4.1, Tables 1 and 5): iterative
+demonstration-based RAG that decomposes the question into follow-up sub-queries and retrieves for
+every one of them, under the same round budget T and depth k as EvoCtx.
+
+One question, as a policy over the shared runner loop:
+
+1. Retrieve the top-k passages for the question.
+2. For up to T steps: the model writes either the next "Follow up: <sub-query>" or "So the final
+   answer is: <answer>" (self-ask format, as IterDRAG's demonstrations). A final answer ends the
+   loop. A follow-up retrieves the top-k passages not seen before (appended in rank order, the
+   context cut at the token budget), and the model answers it ("Intermediate answer: ..."); the
+   sub-query and its answer join the chain shown in later steps.
+3. Without a final answer after T steps, the model is asked for it from the whole chain.
+
+Every step is an `iterdrag-step` Decide step ("follow-up", "final", or "final-prompt" when the reply
+held no follow-up and no answer), with the round and whether the reply was read without its label.
+Departures, on purpose: one short format description stands in for IterDRAG's in-context
+demonstrations (a 1.5B model's context cannot hold them next to the passages), and the context
+budget is EvoCtx's (§4.1 and Table 11 match budgets where a baseline exposes them).
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from metarag.errors import ConfigError
+from metarag.llm.base import Decoding
+from metarag.methods.actions import Ask, Note, Search
+from metarag.methods.evidence import clean_answer, evidence_prompt, format_passages
+from metarag.methods.evoctx import extend_context, strip_label
+from metarag.methods.runner import Policy
+from metarag.records import Hit, Question
+
+STEP_TASK = (
+    "Question: {question}\n{chain}"
+    "Answer the question by asking follow-up questions one at a time. Reply with exactly one line: "
+    "'Follow up: <question>' if one more fact is needed, or 'So the final answer is: <short answer>' (a name, "
+    "a date, a number, a short phrase, or yes/no) if the passages and the intermediate answers are enough.")
+INTERMEDIATE_TASK = (
+    "Question: {question}\n{chain}Follow up: {subquery}\n"
+    "Answer the follow-up question from the passages in a few words.\nIntermediate answer:")
+FINAL_TASK = (
+    "Question: {question}\n{chain}"
+    "Give the final answer to the question: a name, a date, a number, a short phrase, or yes/no.\n"
+    "So the final answer is:")
+
+_FINAL = re.compile(r"so\s+the\s+final\s+answer\s+is\s*:?", re.IGNORECASE)
+# "Follow up:" anywhere, not inside a word; "Are follow up questions needed here:" is no label.
+_FOLLOW_UP = re.compile(r"(?<![A-Za-z])follow[-\s]?up(?:\s+question)?[*_\s]*:[*_\s]*", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class IterDRAGSettings:
+    """IterDRAG settings, matched to EvoCtx's budget as the EvoCtx paper ran it.
+
+    T = 8 follow-up steps and k = 5 passages per retrieval ("The baseline settings are aligned with
+    EvoCtx where T=8 and k=5", §4.1), so at most 1 + T retrieval calls. context_budget_tokens = 1024,
+    EvoCtx's (Table 10; Table 11 matches the context budget), 0 for none. `exclude_seen` drops
+    passages already retrieved from later retrievals (False keeps IterDRAG's plain top-k per
+    sub-query; the union is de-duplicated either way). step/answer max tokens bound each generation.
+    """
+
+    k: int = 5
+    T: int = 8
+    context_budget_tokens: int = 1024
+    exclude_seen: bool = True
+    step_max_tokens: int = 64
+    answer_max_tokens: int = 32
+
+    def __post_init__(self) -> None:
+        if self.k < 1 or self.T < 0 or self.context_budget_tokens < 0:
+            raise ConfigError(f"iterdrag needs k >= 1, T >= 0 and context_budget_tokens >= 0; got k={self.k}, "
+                              f"T={self.T}, context_budget_tokens={self.context_budget_tokens}")
+        if self.step_max_tokens < 1 or self.answer_max_tokens < 1:
+            raise ConfigError("iterdrag step_max_tokens and answer_max_tokens must be at least 1")
+
+
+class IterDRAG:
+    """IterDRAG as a policy: decompose, retrieve for every follow-up, answer it, then answer the question."""
+
+    name = "iterdrag"
+
+    def __init__(self, settings: IterDRAGSettings = IterDRAGSettings()):
+        self.settings = settings
+
+    def policy(self, question: Question) -> Policy:
+        s = self.settings
+        hits = yield Search(question.text, s.k)
+        seen = {h.passage.id for h in hits}
+        context: list[Hit] = extend_context([], hits, s.context_budget_tokens)
+        chain: list[tuple[str, str]] = []
+        for round_ in range(1, s.T + 1):
+            task = STEP_TASK.format(question=question.text, chain=format_chain(chain))
+            out = yield Ask("follow-up", evidence_prompt(format_passages(context), task),
+                            Decoding(max_tokens=s.step_max_tokens, stop=("Intermediate answer",)))
+            kind, text, unlabelled = parse_step(out.text)
+            yield Note("iterdrag-step", kind, (("round", float(round_)), ("unlabelled", float(unlabelled))))
+            if kind == "final":
+                return text
+            if kind == "final-prompt":
+                break
+            new = yield Search(text, s.k, exclude=frozenset(seen) if s.exclude_seen else frozenset())
+            seen.update(h.passage.id for h in new)
+            context = extend_context(context, new, s.context_budget_tokens)
+            task = INTERMEDIATE_TASK.format(question=question.text, chain=format_chain(chain), subquery=text)
+            out = yield Ask("intermediate-answer", evidence_prompt(format_passages(context), task),
+                            Decoding(max_tokens=s.answer_max_tokens, stop=("\n",)))
+            chain.append((text, clean_answer(out.text)))
+        task = FINAL_TASK.format(question=question.text, chain=format_chain(chain))
+        out = yield Ask("answer", evidence_prompt(format_passages(context), task),
+                        Decoding(max_tokens=s.answer_max_tokens, stop=("\n",)))
+        return clean_answer(out.text)
+
+
+def format_chain(chain: list[tuple[str, str]]) -> str:
+    """The follow-ups so far with their intermediate answers, one pair of lines each."""
+    return "".join(f"Follow up: {q}\nIntermediate answer: {a}\n" for q, a in chain)
+
+
+def parse_step(text: str) -> tuple[str, str, bool]:
+    """(kind, text, unlabelled) of one IterDRAG step reply, by fixed rules.
+
+    Of the labels "Follow up:" and "So the final answer is:" (any case, anywhere), the first one
+    written counts: models often write a follow-up and then guess the final answer in the same
+    reply, and self-ask stops at the follow-up to retrieve for it.
+    1. "Follow up: Q" first -> ("follow-up", Q), Q being the rest of its line (cut at a final-answer
+       label on the same line);
+    2. "So the final answer is: X" first, X not empty -> ("final", X cleaned);
+    3. no label: the first non-empty line, label-stripped, is the follow-up -> ("follow-up", line, True);
+    4. nothing readable, or a final-answer label with nothing after it -> ("final-prompt", ""): the
+       caller asks for the final answer with the final prompt.
+    """
+    final = _FINAL.search(text)
+    follow = _FOLLOW_UP.search(text)
+    if follow and (final is None or follow.start() < final.start()):
+        line = text[follow.end():].split("\n", 1)[0]
+        cut = _FINAL.search(line)
+        query = strip_label(line[:cut.start()] if cut else line)
+        if query:
+            return "follow-up", query, False
+    if final:
+        answer = clean_answer(text[final.end():])
+        return ("final", answer, False) if answer else ("final-prompt", "", False)
+    line = strip_label(text)
+    if line:
+        return "follow-up", line, True
+    return "final-prompt", "", True
