@@ -611,11 +611,27 @@ def test_build_false_refuses_an_index_of_another_encoder(tmp_path, encoders):
     folders, _ = encoders
     idx = tmp_path / "idx"
     open_dense(CITIES, idx, dense_settings(folders["enc-a"]), show_progress=False)
-    with pytest.raises(DataError, match=rf"another encoder: dense-\w+ \(encoder {folders['enc-a']}.*"
+    with pytest.raises(DataError, match=rf"another encoder: dense-\w+ \(encoder sha256 \w+\).*"
                                         rf"asked encoder {folders['enc-b']}"):
         open_dense(CITIES, idx, dense_settings(folders["enc-b"]), build=False)
     with pytest.raises(DataError, match="another corpus"):
         open_dense(CITIES[1:], idx, dense_settings(folders["enc-a"]), build=False)
+
+
+@needs_bm25s
+@needs_faiss
+def test_the_same_encoder_weights_at_another_path_reuse_the_index(tmp_path, encoders):
+    """Another virtual environment holds the same MiniLM at another path: no rebuild."""
+    import shutil
+
+    from metarag.retrieve.index import open_dense
+
+    folders, _ = encoders
+    idx = tmp_path / "idx"
+    open_dense(CITIES, idx, dense_settings(folders["enc-a"]), show_progress=False)
+    moved = tmp_path / "elsewhere" / "enc-a"
+    shutil.copytree(folders["enc-a"], moved)
+    open_dense(CITIES, idx, dense_settings(str(moved)), build=False)  # would raise if it needed a rebuild
 
 
 @needs_bm25s

@@ -101,16 +101,18 @@ def open_dense(passages: Sequence[Passage], index_dir: str | os.PathLike[str] | 
     settings = DenseSettings() if settings is None else settings
     corpus_sha = corpus_fingerprint(passages)
     target = Path(index_dir) if index_dir is not None else _default_dir(corpus_sha)
-    encoder = encoder_identity(encoder_path(settings))
-    # The encoder is identified by its weights and path, not by how `settings` spelled it; the
+    identity = encoder_identity(encoder_path(settings))
+    # The encoder is identified by its weights alone, not by where it is installed (another virtual
+    # environment holds the same MiniLM at another path) nor by how `settings` spelled it; the
     # settings recorded are those that shape the index (search-time ones may change freely).
+    encoder = {"sha256": identity["sha256"]}
     expected = {"format": INDEX_FORMAT, "kind": "dense", "corpus_sha256": corpus_sha,
                 "passages": len(passages), "settings": index_fields(settings, len(passages)),
                 "encoder": encoder}
     name = f"dense-{encoder['sha256'][:12]}"
     folder = target / name
     if not build and _read_fingerprint(folder) is None:
-        raise DataError(_no_dense_index(target, encoder), path=str(target))
+        raise DataError(_no_dense_index(target, identity), path=str(target))
     # Embedding chunks of this corpus and encoder survive an interrupted build, and only that.
     chunk_key = {"corpus_sha256": corpus_sha, "encoder": encoder, "normalize": settings.normalize,
                  "passage_prefix": settings.passage_prefix, "chunk_size": settings.chunk_size}
@@ -291,9 +293,8 @@ def _mismatch(stored: dict[str, Any], expected: dict[str, Any]) -> str:
                      f"sha256 {expected['corpus_sha256'][:12]})")
     if "encoder" in expected and stored.get("encoder") != expected["encoder"]:
         built = stored.get("encoder") if isinstance(stored.get("encoder"), dict) else {}
-        parts.append(f"it was built with another encoder ({built.get('path')}, sha256 "
-                     f"{str(built.get('sha256'))[:12]}; given {expected['encoder']['path']}, sha256 "
-                     f"{expected['encoder']['sha256'][:12]})")
+        parts.append(f"it was built with another encoder (sha256 {str(built.get('sha256'))[:12]}; "
+                     f"given sha256 {expected['encoder']['sha256'][:12]})")
     if stored.get("settings") != expected["settings"]:
         built = stored.get("settings") if isinstance(stored.get("settings"), dict) else {}
         keys = sorted(set(built) | set(expected["settings"]))
@@ -310,7 +311,7 @@ def _no_dense_index(root: Path, encoder: dict[str, str]) -> str:
         stored = _read_fingerprint(folder)
         built = stored.get("encoder") if stored and isinstance(stored.get("encoder"), dict) else None
         if built:
-            others.append(f"{folder.name} (encoder {built.get('path')}, sha256 {str(built.get('sha256'))[:12]})")
+            others.append(f"{folder.name} (encoder sha256 {str(built.get('sha256'))[:12]})")
     wanted = f"encoder {encoder['path']} (sha256 {encoder['sha256'][:12]})"
     if others:
         return f"refusing the dense index: it was built with another encoder: {', '.join(others)}; asked {wanted}"
