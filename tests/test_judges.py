@@ -67,9 +67,9 @@ def test_expert_reads_a_span_and_flags_an_empty_one():
 
 
 def test_model_judges_by_path_refuse_a_folder_that_is_not_a_model(tmp_path):
-    from metarag.errors import ConfigError
+    from metarag.errors import ConfigError, MetaRAGError
 
-    with pytest.raises(ConfigError, match="not a model directory"):
+    with pytest.raises(MetaRAGError, match=str(tmp_path)):
         make_entailment(f"cross-encoder:{tmp_path}")
     with pytest.raises(ConfigError, match="not a model directory"):
         make_expert(f"qa:{tmp_path / 'missing'}")

@@ -48,8 +48,10 @@ def make_entailment(spec: str, threshold: float = 0.5):
     if spec == "llm":
         return llm_entailment(threshold)
     if spec.startswith("cross-encoder:"):
-        path = _existing(spec.split(":", 1)[1], "NLI cross-encoder")
-        return CrossEncoderEntailment(str(path), threshold)
+        from metarag.rerank.pointwise import check_cross_encoder_folder
+
+        # the reranker's check: a bi-encoder folder would load with a random head and judge by noise
+        return CrossEncoderEntailment(str(check_cross_encoder_folder(spec.split(":", 1)[1])), threshold)
     raise ConfigError(f"unknown entailment judge {spec!r}; valid: llm, cross-encoder:PATH")
 
 
@@ -71,11 +73,9 @@ def _existing(path: str, what: str) -> Path:
 
 @lru_cache(maxsize=4)
 def _cross_encoder(path: str):
-    try:
-        from sentence_transformers import CrossEncoder
-    except ModuleNotFoundError:
-        raise MissingDependency("sentence-transformers", "embedded") from None
-    model = CrossEncoder(path, device="cpu", local_files_only=True)
+    from metarag.rerank.pointwise import _load_cross_encoder
+
+    model = _load_cross_encoder(Path(path), None)
     labels = {int(k): str(v).lower() for k, v in model.model.config.id2label.items()}
     index = next((i for i, label in labels.items() if label.startswith("entail")), None)
     if index is None:
