@@ -225,6 +225,12 @@ def test_report_cli_prints_table_writes_csv_and_plot(tmp_path, capsys):
     header = csv_path.read_text().splitlines()[0].split(",")
     assert {"EM", "F1", "req/q", "tok/req", "USD"} <= set(header)
     assert png.read_bytes()[:4] == b"\x89PNG"
+    assert main(["report", str(store.path), "--csv", "", "--columns", "method,reranker,EM,passages/q,tok/q"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "| method | reranker | EM | passages/q | tok/q |"
+    assert lines[2].startswith("| standard-rag | – | ") and lines[2].split(" | ")[3] == "5.00"
+    assert main(["report", str(store.path), "--columns", "EM,nonsense"]) == 1
+    assert "unknown report column(s) 'nonsense'" in capsys.readouterr().err
 
 
 def test_eval_with_a_reranker_records_rerank_steps_and_saves_its_settings(tmp_path):
@@ -240,3 +246,23 @@ def test_eval_with_a_reranker_records_rerank_steps_and_saves_its_settings(tmp_pa
     assert settings["reranker"]["spec"] == "llm" and settings["reranker"]["depth"] == 8
     plain, _ = evaluate(config(tmp_path), progress=False, llm=reader())
     assert plain.path != store.path  # a reranked run is a run of its own
+
+
+def test_a_model_named_by_path_is_hashed_by_content_into_the_run_id(tmp_path, monkeypatch):
+    from metarag.evaluate import harness
+    from metarag.evaluate.harness import prepare
+
+    monkeypatch.setattr(harness, "build_method", lambda name, overrides: None)  # no critic is loaded
+
+    critic = tmp_path / "critic"
+    critic.mkdir()
+    (critic / "critic.joblib").write_bytes(b"first training")
+    first, *_, resolved = prepare(config(tmp_path, method="sim-rag", overrides={"critic": str(critic)}))
+    assert set(resolved["artifacts"]) == {"method_settings.critic"}
+    again = prepare(config(tmp_path, method="sim-rag", overrides={"critic": str(critic)}))[0]
+    assert again.path == first.path  # same content, same run
+    (critic / "critic.joblib").write_bytes(b"retrained critic")
+    retrained = prepare(config(tmp_path, method="sim-rag", overrides={"critic": str(critic)}))[0]
+    assert retrained.path != first.path
+    plain = prepare(config(tmp_path, method="sim-rag"))[3]
+    assert "artifacts" not in plain  # the LLM critic names no file: run ids of such runs are unchanged

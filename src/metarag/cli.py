@@ -84,6 +84,10 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--plot", default=None, metavar="PNG", help="write F1 versus tokens per question")
     rp.add_argument("--prices", default=None, metavar="JSON",
                     help='price table {"model": {"input_per_1m": USD, "output_per_1m": USD}}')
+    rp.add_argument("--columns", default=None, metavar="A,B,...",
+                    help="the table's columns, by name (default: method,retriever,model,dataset,n,EM,F1,Prec,Rec,"
+                         "Acc,req/q,tok/req,lat/req,retr/q,USD; others: reranker, tok/q, passages/q, lat/q, "
+                         "prompt tok/q, cached tok/q, support recall, first recall, <decision>/q, ...)")
     rp.add_argument("--breakdown", action="store_true",
                     help="also print each run's judge verdicts and decisions (study Table 2)")
     rp.add_argument("--analysis", choices=("evoctx",), default=None,
@@ -274,7 +278,9 @@ def cmd_report(args: argparse.Namespace) -> int:
             names.insert(0, str(base.path))
         baseline = names.index(str(base.path))
     prices = load_price_table(args.prices) if args.prices else None
-    table, rows = report_table(runs, baseline=baseline, tests=tuple(args.test or ("t-test",)), prices=prices)
+    columns = [c.strip() for c in args.columns.split(",") if c.strip()] if args.columns else None
+    table, rows = report_table(runs, baseline=baseline, tests=tuple(args.test or ("t-test",)), prices=prices,
+                               columns=columns)
     print(table)
     if len(runs) > 1:
         tests = args.test or ["t-test"]

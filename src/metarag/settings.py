@@ -3,6 +3,7 @@ hash resolved settings into run ids. Unknown names fail here, before any model i
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import types
@@ -73,3 +74,61 @@ def settings_hash(*parts: Any) -> str:
     """A short stable hash of resolved settings (dataclasses, dicts, strings)."""
     blob = json.dumps([to_plain(p) for p in parts], sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:10]
+
+
+# A setting may name a model by path, bare or after a back-end prefix ("gguf:PATH", "cross-encoder:PATH").
+_PATH_PREFIXES = ("gguf:", "cross-encoder:")
+
+
+def artifact_digests(values: Any) -> dict[str, str]:
+    """sha256 of the content of every file or folder a setting names by path, keyed by the setting's
+    dotted name, so that retraining a critic (or replacing any model behind an unchanged path)
+    changes the run id. Settings that name no existing path contribute nothing, so run ids of runs
+    that use no such model are unchanged."""
+    from pathlib import Path
+
+    out: dict[str, str] = {}
+
+    def visit(name: str, value: Any) -> None:
+        if isinstance(value, Mapping):
+            for key, inner in value.items():
+                visit(f"{name}.{key}" if name else str(key), inner)
+        elif isinstance(value, str) and value.strip():
+            raw = value.strip()
+            for prefix in _PATH_PREFIXES:
+                if raw.startswith(prefix):
+                    raw = raw[len(prefix):]
+                    break
+            path = Path(raw).expanduser()
+            if path.exists():
+                out[name] = content_sha256(path)
+
+    visit("", to_plain(values))
+    return out
+
+
+def content_sha256(path: Any) -> str:
+    """sha256 of a file's bytes, or of a folder's files (relative names and contents, in name order).
+    Files are hashed once per process for a given size and modification time."""
+    from pathlib import Path
+
+    path = Path(path)
+    if path.is_file():
+        stat = path.stat()
+        return file_digest(str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+    digest = hashlib.sha256()
+    for file in sorted(p for p in path.rglob("*") if p.is_file()):
+        stat = file.stat()
+        sha = file_digest(str(file.resolve()), stat.st_size, stat.st_mtime_ns)
+        digest.update(f"{file.relative_to(path).as_posix()}:{sha}\n".encode())
+    return digest.hexdigest()
+
+
+@functools.lru_cache(maxsize=256)
+def file_digest(path: str, size: int, mtime_ns: int) -> str:
+    """sha256 of a file, keyed on its size and mtime too so a rewritten file is hashed again."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()

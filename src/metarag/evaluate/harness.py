@@ -24,7 +24,7 @@ from metarag.llm.registry import LLMSpec, check_spec, make_llm
 from metarag.methods.registry import CLOSED_BOOK, build_method, method_settings
 from metarag.methods.runner import Method, Runtime, run
 from metarag.records import Question, Trace
-from metarag.settings import settings_hash, to_plain
+from metarag.settings import artifact_digests, settings_hash, to_plain
 
 ZERO = AnswerScores(0.0, 0.0, 0.0, 0.0, 0.0)
 
@@ -108,6 +108,12 @@ def prepare(config: EvalConfig):
     if config.reranker != "none" and needs_corpus:  # absent otherwise, so run ids without one stay put
         resolved["reranker"] = {"spec": config.reranker, "depth": config.rerank_depth,
                                 "settings": to_plain(reranker_settings(config.reranker))}
+    # A model named by path (a trained critic, a cross-encoder, a GGUF) is hashed by content, so
+    # replacing what lies behind the same path gives a new run id; absent when none is named.
+    artifacts = artifact_digests({"method_settings": resolved["method_settings"], "llm": resolved["llm"],
+                                  "reranker": config.reranker if needs_corpus else ""})
+    if artifacts:
+        resolved["artifacts"] = artifacts
     run_id = f"{config.method}-{config.dataset.label()}-{config.llm.backend}-{settings_hash(resolved)}"
     store = RunStore(Path(config.runs_dir) / run_id)
     return store, build_method(config.method, config.overrides), dataset, resolved

@@ -76,6 +76,7 @@ def summarize(run: LoadedRun, prices: dict[str, Price] | None = None) -> dict:
         "run": run.name,
         "method": run.settings.get("method"),
         "retriever": run.settings.get("retriever") or "–",
+        "reranker": (run.settings.get("reranker") or {}).get("spec", "–"),
         "model": model_name(identity) if identity else run.settings.get("llm", {}).get("backend"),
         "model identity": identity,
         "dataset": run.settings.get("dataset", {}).get("name"),
@@ -91,6 +92,7 @@ def summarize(run: LoadedRun, prices: dict[str, Price] | None = None) -> dict:
         "Acc": 100 * mean([r.scores.acc for r in results]),
         "req/q": requests / n,
         "tok/req": (prompt + completion) / requests if requests else 0.0,
+        "tok/q": (prompt + completion) / n,
         "prompt tok/q": prompt / n,
         "completion tok/q": completion / n,
         "cached tok/q": sum(u.cached_tokens for u in usages) / n,
@@ -138,10 +140,19 @@ COLUMNS = ("method", "retriever", "model", "dataset", "n", "EM", "F1", "Prec", "
 
 
 def report_table(runs: Sequence[LoadedRun], *, baseline: int | None = 0, tests: Sequence[str] = ("t-test",),
-                 prices: dict[str, Price] | None = None) -> tuple[str, list[dict]]:
+                 prices: dict[str, Price] | None = None,
+                 columns: Sequence[str] | None = None) -> tuple[str, list[dict]]:
     """A markdown table (one row per run) and the rows; with a baseline, each other run's EM and F1
-    carry `*` where a paired test gives p < 0.05, and the p-values are columns of their own."""
+    carry `*` where a paired test gives p < 0.05, and the p-values are columns of their own.
+    `columns` picks the table's columns among the row's keys (default COLUMNS); the p-value columns
+    follow them either way."""
     rows = [summarize(r, prices) for r in runs]
+    if columns is not None:
+        unknown = [c for c in columns if not any(c in row for row in rows)]
+        if unknown:
+            known = sorted({k for row in rows for k in row})
+            raise ConfigError(f"unknown report column(s) {', '.join(map(repr, unknown))}; "
+                              f"valid: {', '.join(known)}")
     if baseline is not None and len(runs) > 1:
         base = runs[baseline]
         for i, (run, row) in enumerate(zip(runs, rows)):
@@ -153,7 +164,8 @@ def report_table(runs: Sequence[LoadedRun], *, baseline: int | None = 0, tests: 
                 for test in tests:
                     row[f"p {column} ({test})"] = significance(base, run, metric, test).p_value
                 row[f"{column}*"] = significance_mark(row[f"p {column} ({tests[0]})"])
-    columns = list(COLUMNS) + sorted({k for row in rows for k in row if k.startswith("p ")})
+    columns = list(COLUMNS if columns is None else columns) + sorted(
+        {k for row in rows for k in row if k.startswith("p ")})
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for row in rows:
         cells = []

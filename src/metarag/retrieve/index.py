@@ -14,7 +14,6 @@ retrievers keep recent answers in an `LRUCache`.
 """
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import os
@@ -32,6 +31,7 @@ from metarag.data.corpus import corpus_fingerprint, ids_fingerprint
 from metarag.errors import ConfigError, DataError, close_matches
 from metarag.paths import metarag_home
 from metarag.records import Hit, Passage
+from metarag.settings import file_digest
 
 if TYPE_CHECKING:
     from metarag.retrieve.base import Retriever
@@ -370,20 +370,9 @@ def encoder_identity(path: Path) -> dict[str, str]:
     digest = hashlib.sha256()
     for f in files:
         stat = f.stat()
-        file_sha = _file_sha256(str(f), stat.st_size, stat.st_mtime_ns)
+        file_sha = file_digest(str(f), stat.st_size, stat.st_mtime_ns)
         digest.update(f"{f.relative_to(path)}:{file_sha}".encode())
     return {"path": str(path), "sha256": digest.hexdigest()}
-
-
-@functools.lru_cache(maxsize=16)
-def _file_sha256(path: str, size: int, mtime_ns: int) -> str:
-    # Keyed on size and mtime too, so a rewritten file is hashed again; reading ~90 MB once
-    # per process is the whole cost.
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 # ------------------------------------------------------------------------ saved index metadata
