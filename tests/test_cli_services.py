@@ -1,26 +1,17 @@
 """The CLI front of the retrieval service and of critic training: `index build` keeps a corpus copy,
 `serve-retriever` serves it, `--retriever remote:URL` reads from it."""
 import json
-import socket
-import subprocess
 import sys
-import time
-import urllib.request
 
 import pytest
 from conftest import SHARED_DATA
+from servers import free_port, server_process
 
 from metarag.cli import main
 from metarag.pipeline import open_retriever
 from metarag.records import Passage
 
 pytest.importorskip("bm25s")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_index_build_then_serve_then_remote_search(tmp_path, capsys, corpus):
@@ -30,25 +21,12 @@ def test_index_build_then_serve_then_remote_search(tmp_path, capsys, corpus):
     assert main(["index", "build", "--corpus", str(path), "--retrievers", "bm25", "--index-dir", str(index_dir)]) == 0
     assert "bm25: 5 passages" in capsys.readouterr().out
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "metarag.cli", "serve-retriever", "--index", str(index_dir),
-                             "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.time() + 60
-        while True:
-            try:
-                urllib.request.urlopen(f"{url}/health", timeout=2)
-                break
-            except OSError:
-                if proc.poll() is not None or time.time() > deadline:
-                    pytest.fail(f"serve-retriever did not start: {proc.stderr.read().decode()[-500:]}")
-                time.sleep(0.3)
+    argv = [sys.executable, "-m", "metarag.cli", "serve-retriever", "--index", str(index_dir), "--port", str(port)]
+    with server_process(argv, f"{url}/health"):
         remote = open_retriever([Passage("x", "", "unused")], f"remote:{url}")
         hits = remote.search("Where was Gustave Eiffel born?", 2, exclude={"p1"})
         assert [h.passage.id for h in hits][0] == "p2" and "p1" not in {h.passage.id for h in hits}
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
 
 
 def test_unknown_retriever_name_is_refused_by_the_cli(capsys):

@@ -1,12 +1,9 @@
 """The OpenAI-compatible back-end against a real llama_cpp.server started on loopback."""
 import importlib.util
-import socket
-import subprocess
 import sys
-import time
-import urllib.request
 
 import pytest
+from servers import free_port, server_process
 
 from metarag.errors import BackendError
 from metarag.llm.base import Decoding
@@ -16,12 +13,6 @@ from metarag.records import Message
 pytestmark = pytest.mark.server
 if importlib.util.find_spec("openai") is None:
     pytest.skip("needs pip install 'metarag[openai]'", allow_module_level=True)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_unreachable_server_fails_after_retries_naming_the_url():
@@ -41,24 +32,11 @@ def server():
 
     path = ensure_gguf(embedded_model("qwen2.5-coder-0.5b-instruct"))
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "llama_cpp.server", "--model", str(path), "--host",
-                             "127.0.0.1", "--port", str(port), "--n_ctx", "2048", "--model_alias", "qwen-0.5b"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    argv = [sys.executable, "-m", "llama_cpp.server", "--model", str(path), "--host", "127.0.0.1", "--port", str(port),
+            "--n_ctx", "2048", "--model_alias", "qwen-0.5b"]
     url = f"http://127.0.0.1:{port}/v1"
-    try:
-        deadline = time.time() + 120
-        while True:
-            try:
-                urllib.request.urlopen(f"{url}/models", timeout=2)
-                break
-            except OSError:
-                if proc.poll() is not None or time.time() > deadline:
-                    pytest.fail("llama_cpp.server did not start")
-                time.sleep(0.5)
+    with server_process(argv, f"{url}/models", timeout_s=120):
         yield url
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
 
 
 def test_chat_and_logprobs_through_the_server(server):

@@ -13,6 +13,7 @@ import urllib.request
 from collections.abc import Collection
 
 import pytest
+from servers import free_port
 
 from metarag.errors import BackendError, DataError, MissingDependency
 from metarag.records import Hit, Passage
@@ -54,12 +55,6 @@ def post(url: str, body: bytes) -> tuple[int, dict]:
             return response.status, json.loads(response.read())
     except urllib.error.HTTPError as exc:
         return exc.code, json.loads(exc.read())
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
