@@ -21,6 +21,7 @@ from metarag.evaluate.evoctx_analysis import (
     format_analysis,
     oracle_agreement,
     spearman,
+    tail_readings,
 )
 from metarag.evaluate.metrics import AnswerScores
 from metarag.evaluate.report import load_run
@@ -560,6 +561,21 @@ def test_format_analysis_reports_every_section(tmp_path):
         assert heading in text
     assert "| 6 | 0.600 | 66.7% |" in text
     assert efficiency(hand_made_run(tmp_path))["retrieve_per_question"] == pytest.approx(1.0)
+
+
+def test_tail_readings_count_the_decisions_each_reading_would_retrieve(tmp_path):
+    steps = [Decide(Usage(), "evoctx-decision", "RETRIEVE", {"margin": 0.5, "margin_p10": -0.2, "margin_p90": 0.5}),
+             Decide(Usage(), "evoctx-decision", "THINK", {"margin": -0.1, "margin_p10": -0.4, "margin_p90": -0.1}),
+             Decide(Usage(), "evoctx-decision", "RETRIEVE", {"margin": 0.3, "margin_p10": 0.1, "margin_p90": 0.3})]
+    store = RunStore(tmp_path / "run")
+    store.write_json("settings.json", {"method": "evoctx"})
+    store.write_json("questions.json", ["a"])
+    with store.open_for_append() as handle:
+        store.append(result("a", "Where was Eiffel born?", ("Dijon",), steps), handle)
+    readings = tail_readings(load_run(store.path))
+    assert list(readings) == ["p10", "p90"]
+    assert readings["p10"] == (pytest.approx(1 / 3), 3) and readings["p90"] == (pytest.approx(2 / 3), 3)
+    assert "| 33.3% of 3 | 66.7% of 3 |" in format_analysis(load_run(store.path), BagOfWordsEncoder())
 
 
 def test_the_analyses_read_a_scripted_run_end_to_end(corpus, tmp_path):

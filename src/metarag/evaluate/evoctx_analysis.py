@@ -156,6 +156,22 @@ def efficiency(run: LoadedRun) -> dict[str, float]:
             **{f"{action.lower()}_per_question": chosen[action] / n for action in ("RETRIEVE", "THINK", "ANSWER")}}
 
 
+def tail_readings(run: LoadedRun) -> dict[str, tuple[float, int]]:
+    """For each reading of the tail signal recorded on the boundary decisions (`margin_p10`,
+    `margin_p90`: the rule's margin with d_90 taken at that percentile of the distances), the share
+    of the run's decisions that reading would have sent to RETRIEVE, and how many decisions had it.
+    The states are the ones the run visited under its own setting, so this compares the readings
+    decision by decision, not whole trajectories."""
+    margins: dict[str, list[float]] = defaultdict(list)
+    for r in run.results:
+        for d in decisions(r.trace):
+            for key, value in d.signals.items():
+                if key.startswith("margin_p"):
+                    margins[key].append(value)
+    return {key[len("margin_"):]: (sum(m > 0 for m in values) / len(values), len(values))
+            for key, values in sorted(margins.items(), key=lambda kv: float(kv[0][len("margin_p"):]))}
+
+
 # -------------------------------------------------------------------------------------- report
 def format_analysis(run: LoadedRun, encoder: Any = None) -> str:
     """The four analyses of one run as markdown (the encoder, MiniLM by default, embeds questions and
@@ -168,6 +184,12 @@ def format_analysis(run: LoadedRun, encoder: Any = None) -> str:
              f"| {eff['questions']} | {eff['retrieval_calls']:.2f} | {eff['passages']:.2f} | {eff['tokens']:.0f} "
              f"| {eff['retrieve_per_question']:.2f} | {eff['think_per_question']:.2f} "
              f"| {eff['answer_per_question']:.2f} |", ""]
+    readings = tail_readings(run)
+    if readings:
+        lines += ["RETRIEVE share of the boundary decisions under each reading of the tail signal d_90 "
+                  "(percentile of the distances):", "",
+                  "| " + " | ".join(readings) + " |", "|" + "---|" * len(readings),
+                  "| " + " | ".join(f"{_pct(share)} of {n}" for share, n in readings.values()) + " |", ""]
     oracle = oracle_agreement(run)
     lines.append("Oracle agreement (Figure 4):")
     if oracle["n"] == 0:

@@ -33,6 +33,11 @@ PAPER_THRESHOLDS = (0.3, 0.2, 0.4)
 Signals = tuple[float, float, float]  # (d_near, d_cent, d_90)
 
 
+# The two readings of §3.2's d_90 recorded on every boundary decision: the 90th percentile of the
+# distances (the issue's) and the 10th (the paper's gloss "far from most boundary items").
+TAIL_READINGS = (10.0, 90.0)
+
+
 def novelty_signals(h: np.ndarray, H: np.ndarray, tail_percentile: float = 90.0) -> Signals:
     """(d_near, d_cent, d_90): cosine distances (1 − cosine) from vector `h` to the rows of `H`.
 
@@ -207,6 +212,11 @@ class BoundaryJudge:
         score = rule_score(signals, self.rule, self.thresholds)
         named = [("d_near", signals[0]), ("d_cent", signals[1]), ("d_90", signals[2]), ("score", score),
                  ("margin", score - 1.0)]
+        # Both readings of the tail signal, whatever `tail_percentile` is, so one run shows what each
+        # reading would have decided at the states it visited (see EvoCtxSettings.tail_percentile).
+        for pct in TAIL_READINGS:
+            tail = novelty_signals(vectors[0], H, pct)
+            named.append((f"margin_p{pct:g}", rule_score(tail, self.rule, self.thresholds) - 1.0))
         if gold:
             oracle = rule_score(novelty_signals(vectors[1], H, self.tail_percentile), self.rule, self.thresholds)
             named.append(("oracle_margin", oracle - 1.0))
