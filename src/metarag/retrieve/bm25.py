@@ -17,7 +17,7 @@ import numpy as np
 
 from metarag.errors import ConfigError, DataError, MissingDependency, close_matches
 from metarag.records import Hit, Passage
-from metarag.retrieve.index import LRUCache, cached_search, read_meta, write_meta
+from metarag.retrieve.index import LRUCache, cached_search, read_meta, saved_settings, write_meta
 
 BM25_METHODS = ("lucene", "robertson", "atire", "bm25l", "bm25+")
 
@@ -125,15 +125,7 @@ class BM25Retriever:
         bm25s = _import_bm25s()
         directory = Path(directory)
         meta = read_meta(directory, passages)
-        try:
-            saved = BM25Settings(**meta["settings"])
-        except (KeyError, TypeError) as exc:
-            raise DataError(f"unreadable BM25 settings: {exc}", path=str(directory)) from None
-        if settings is None:
-            settings = saved
-        elif index_fields(settings) != index_fields(saved):
-            raise DataError(f"the BM25 index was built with {index_fields(saved)}, not {index_fields(settings)}",
-                            path=str(directory))
+        settings = saved_settings(directory, meta, BM25Settings, settings, index_fields, "BM25")
         engine = bm25s.BM25.load(str(directory), mmap=mmap, show_progress=False)
         retriever = cls(passages, engine, settings)
         retriever.index_dir = directory

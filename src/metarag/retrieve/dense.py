@@ -20,7 +20,7 @@ import numpy as np
 
 from metarag.errors import BackendError, ConfigError, DataError, MissingDependency, close_matches
 from metarag.records import Hit, Passage
-from metarag.retrieve.index import LRUCache, cached_search, read_meta, write_meta
+from metarag.retrieve.index import LRUCache, cached_search, read_meta, saved_settings, write_meta
 
 INDEX_FILE = "faiss.index"
 ANN_KINDS = ("hnsw", "ivf")
@@ -212,15 +212,8 @@ class DenseRetriever:
         faiss = _import_faiss()
         directory = Path(directory)
         meta = read_meta(directory, passages)
-        try:
-            saved = DenseSettings(**meta["settings"])
-        except (KeyError, TypeError) as exc:
-            raise DataError(f"unreadable dense settings: {exc}", path=str(directory)) from None
-        if settings is None:
-            settings = saved
-        elif index_fields(settings, len(passages)) != index_fields(saved, len(passages)):
-            raise DataError(f"the dense index was built with {index_fields(saved, len(passages))}, not "
-                            f"{index_fields(settings, len(passages))}", path=str(directory))
+        settings = saved_settings(directory, meta, DenseSettings, settings,
+                                  lambda s: index_fields(s, len(passages)), "dense")
         if encoder is None:
             encoder = load_encoder(encoder_path(settings))
         try:

@@ -22,7 +22,7 @@ import sys
 import threading
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable, Collection, Hashable, Sequence
+from collections.abc import Callable, Collection, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
@@ -380,6 +380,22 @@ def write_meta(directory: Path, passages: Sequence[Passage], **fields: Any) -> N
     """Write `metarag.json`: which passages the index rows are (count, ids digest) and `fields`."""
     meta = {"passages": len(passages), "ids_sha256": ids_fingerprint(passages), **fields}
     (directory / META_FILE).write_text(json.dumps(meta, indent=1), encoding="utf-8")
+
+
+def saved_settings(directory: Path, meta: Mapping[str, Any], cls: type[S], given: S | None,
+                   index_fields: Callable[[S], Any], what: str) -> S:
+    """The settings an index is opened with: those saved in its `meta` when `given` is None, else
+    `given`, after checking that what the index was built with (`index_fields`) is the same."""
+    try:
+        saved = cls(**meta["settings"])
+    except (KeyError, TypeError) as exc:
+        raise DataError(f"unreadable {what} settings: {exc}", path=str(directory)) from None
+    if given is None:
+        return saved
+    if index_fields(given) != index_fields(saved):
+        raise DataError(f"the {what} index was built with {index_fields(saved)}, not {index_fields(given)}",
+                        path=str(directory))
+    return given
 
 
 def read_meta(directory: Path, passages: Sequence[Passage]) -> dict[str, Any]:
