@@ -46,3 +46,12 @@ def test_trace_usage_is_the_sum_of_step_usage():
 def test_failed_trace_round_trips_with_its_error():
     trace = Trace("q2", "?", "cot", (), error="BackendError: down")
     assert Trace.from_json(trace.to_json()) == trace
+
+
+def test_display_says_how_much_of_a_step_came_from_the_response_cache():
+    from metarag.display import format_usage
+
+    assert format_usage(Usage(latency_s=0.01, llm_requests=1, cache_hits=1)).endswith("from response cache")
+    partly = format_usage(Usage(latency_s=2.0, prompt_tokens=900, llm_requests=10, cache_hits=3))
+    assert partly.endswith("3 of 10 requests from response cache")
+    assert "cache" not in format_usage(Usage(latency_s=2.0, prompt_tokens=90, llm_requests=1))

@@ -12,7 +12,9 @@ def format_usage(u: Usage) -> str:
             tok += f" ({u.cached_tokens} cached)"
         parts.append(tok)
     if u.cache_hits:
-        parts.append("from response cache")
+        # a step of several requests (a reranker's) may have only some of them cached
+        parts.append("from response cache" if u.cache_hits >= u.llm_requests
+                     else f"{u.cache_hits} of {u.llm_requests} requests from response cache")
     return ", ".join(parts)
 
 
