@@ -272,14 +272,30 @@ def test_tokens_are_words_times_three_halves_rounded_up():
 
 def test_context_is_cut_at_the_budget_keeping_what_came_first():
     first = [P("a", 399), P("b", 299)]  # 600 + 450 tokens
-    context = extend_context([], first, 1024)
+    context = extend_context([], first, 1024, keep="first")
     assert [h.passage.id for h in context] == ["a", "b"]
     assert sum(passage_tokens(h.passage) for h in context) <= 1024
     cut = context[1].passage
     assert cut.text.split() == first[1].passage.text.split()[:len(cut.text.split())]  # a prefix of it
     assert 1024 - 600 - 2 <= passage_tokens(cut) <= 1024 - 600  # what was left, to a word
     # once full, later retrievals add nothing
-    assert extend_context(context, [P("c", 5)], 1024) == context
+    assert extend_context(context, [P("c", 5)], 1024, keep="first") == context
+
+
+def test_the_default_budget_keeps_the_newest_passages_and_drops_the_oldest():
+    a, b, c = P("a", 299), P("b", 299), P("c", 299)  # 450 tokens each
+    context = extend_context([], [a, b], 1024)
+    assert [h.passage.id for h in context] == ["a", "b"]  # 900 tokens: both fit
+    context = extend_context(context, [c], 1024)
+    assert [h.passage.id for h in context] == ["a", "b", "c"]  # order kept, oldest cut to what is left
+    assert context[1:] == [b, c] and sum(passage_tokens(h.passage) for h in context) <= 1024
+    assert context[0].passage.text.split() == a.passage.text.split()[:len(context[0].passage.text.split())]
+    context = extend_context(context, [P("d", 299), P("e", 299)], 1024)
+    assert [h.passage.id for h in context][-2:] == ["d", "e"] and "a" not in {h.passage.id for h in context}
+    with pytest.raises(ConfigError, match="context_keep"):
+        extend_context([], [a], 1024, keep="middle")
+    with pytest.raises(ConfigError, match="context_keep"):
+        EvoCtxSettings(context_keep="oldest")
 
 
 def test_duplicates_are_removed_and_order_kept():
@@ -294,14 +310,21 @@ def test_a_passage_with_no_room_for_text_is_dropped():
     assert truncate_passage(Passage("x", "A", "one two three"), 4).text == "one"
 
 
-def test_the_method_keeps_its_context_within_the_budget(corpus):
+@pytest.mark.parametrize("keep", ["first", "recent"])
+def test_the_method_keeps_its_context_within_the_budget(corpus, keep):
     llm = scripted(["Reasoning: the birthplace is unknown.\nAction: RETRIEVE"] * 3)
-    trace = run(EvoCtx(EvoCtxSettings(k=2, T=3, context_budget_tokens=40), encoder=StubEncoder()), Q,
-                Runtime(llm, MemoryRetriever(corpus)))
+    settings = EvoCtxSettings(k=2, T=3, context_budget_tokens=40, context_keep=keep)
+    trace = run(EvoCtx(settings, encoder=StubEncoder()), Q, Runtime(llm, MemoryRetriever(corpus)))
     sizes = [d.signals["context_tokens"] for d in trace.of_kind(Decide)]
     assert sizes and max(sizes) <= 40
+    rounds = [r for r in trace.retrieval_rounds() if r]
+    assert len(rounds) >= 2
     answer_prompt = llm.prompts[-1]
-    assert "Dijon mustard" not in answer_prompt  # a passage past the budget never reaches the generator
+    first, last = rounds[0][0].passage.text, rounds[-1][-1].passage.text
+    if keep == "first":  # a passage past the budget never reaches the generator
+        assert first in answer_prompt and last not in answer_prompt
+    else:  # the newest evidence does, and the oldest made room for it
+        assert last in answer_prompt and first not in answer_prompt
 
 
 # ------------------------------------------------------------------------------- golden traces

@@ -51,6 +51,8 @@ from metarag.records import Hit, Passage, Question
 
 ACTIONS = ("RETRIEVE", "THINK", "ANSWER")
 ABLATIONS = ("none", "no-retrieve", "no-think", "no-reasoning", "no-boundary")
+# Which end of the accumulated context a token budget keeps (see `extend_context`).
+CONTEXT_KEEP = ("recent", "first")
 
 # f_dec: the reasoning first (it is what the boundary judge embeds), the action on its own line.
 DECISION_TASK = (
@@ -117,7 +119,9 @@ class EvoCtxSettings:
     `rule` "hybrid" (§3.2); the rule families of Tables 4, 6, 7 are in `metarag.judges.boundary.RULES`.
     `ablation` one of ABLATIONS (Table 2). context_budget_tokens = 1024 (Table 10, "truncated to a
     1024-token context budget"; 0 means no budget), tokens counted as whitespace words × 3/2, the
-    ratio measured with the embedded model's tokenizer (see TOKENS_PER_WORD). `encoder` "minilm" is
+    ratio measured with the embedded model's tokenizer (see TOKENS_PER_WORD). `context_keep` "recent"
+    keeps the newest passages within the budget and drops the oldest ("first" keeps the oldest; see
+    `extend_context` for why "recent" is the default). `encoder` "minilm" is
     the paper's all-MiniLM-L6-v2 (§4.1); "bag-of-words" needs no model (tests).
     `tail_percentile` = 90: d_90 is the 90th percentile of the trace's distances to the boundary
     items, as the issue reads §3.2 ("upper-tail mismatch"). The paper's gloss "far from most
@@ -140,6 +144,7 @@ class EvoCtxSettings:
     rule: str = "hybrid"
     ablation: str = "none"
     context_budget_tokens: int = 1024
+    context_keep: str = "recent"
     encoder: str = "minilm"
     decision_llm: str = ""
     decision_max_tokens: int = 192
@@ -158,6 +163,9 @@ class EvoCtxSettings:
             raise ConfigError(f"unknown evoctx rule {self.rule!r}{close_matches(self.rule, RULES)}")
         if self.ablation not in ABLATIONS:
             raise ConfigError(f"unknown evoctx ablation {self.ablation!r}{close_matches(self.ablation, ABLATIONS)}")
+        if self.context_keep not in CONTEXT_KEEP:
+            raise ConfigError(f"evoctx context_keep must be one of {', '.join(CONTEXT_KEEP)}, "
+                              f"got {self.context_keep!r}")
         check_thresholds(self.thresholds)
         check_percentile(self.tail_percentile)
         make_encoder(self.encoder)
@@ -187,7 +195,7 @@ class EvoCtx:
         s = self.settings
         hits = yield Search(question.text, s.k)
         seen = {h.passage.id for h in hits}
-        context = extend_context([], hits, s.context_budget_tokens)
+        context = extend_context([], hits, s.context_budget_tokens, s.context_keep)
         subqueries: list[str] = []
         gold = question.answers[0] if s.oracle and question.answers else ""
         for round_ in range(1, s.T + 1):
@@ -217,7 +225,7 @@ class EvoCtx:
                 query = strip_label(out.text) or (subqueries[-1] if subqueries else question.text)
                 new = yield Search(query, s.k, exclude=frozenset(seen))
                 seen.update(h.passage.id for h in new)
-                context = extend_context(context, new, s.context_budget_tokens)
+                context = extend_context(context, new, s.context_budget_tokens, s.context_keep)
             else:
                 out = yield Ask("sub-query",
                                 evidence_prompt(passages, SUBQUERY_TASK.format(question=question.text,
@@ -291,33 +299,48 @@ def passage_tokens(passage: Passage) -> int:
     return approx_tokens(f"{passage.title} {passage.text}")
 
 
-def extend_context(context: Sequence[Hit], new: Sequence[Hit], budget: int) -> list[Hit]:
+def extend_context(context: Sequence[Hit], new: Sequence[Hit], budget: int, keep: str = "recent") -> list[Hit]:
     """`context` with the `new` hits appended in their (retrieval-score) order, duplicates (same id or
     same title and text) left out, and the whole cut at `budget` tokens (0: no budget).
 
-    The cut keeps what came first: the passage that crosses the budget keeps the words of its text
-    that fit (with its title) and nothing after it is added (Table 10: "appended in retrieval-score
-    order and truncated to a 1024-token context budget").
+    Table 10 says only "appended in retrieval-score order and truncated to a 1024-token context
+    budget"; which end the cut keeps is `keep`:
+    - "recent" (the default) keeps the newest passages that fit, in order, and drops the oldest: the
+      passage that crosses the budget keeps the words of its text that fit (with its title). This
+      is the reading under which RETRIEVE "expands the boundary with new external evidence" (§3.2):
+      five HotpotQA passages are ~740 tokens, so under "first" the bootstrap fills the budget and no
+      later retrieval ever reaches the context or the boundary (measured: EvoCtx then answers exactly
+      as Standard RAG does on every question, at 25 requests per question).
+    - "first" keeps what came first: the passage that crosses the budget is cut, nothing after it
+      is added.
     """
-    out = list(context)
-    ids = {h.passage.id for h in out}
-    texts = {(h.passage.title, " ".join(h.passage.text.split())) for h in out}
-    used = sum(passage_tokens(h.passage) for h in out)
+    if keep not in CONTEXT_KEEP:
+        raise ConfigError(f"context_keep must be one of {', '.join(CONTEXT_KEEP)}, got {keep!r}")
+    merged = list(context)
+    ids = {h.passage.id for h in merged}
+    texts = {(h.passage.title, " ".join(h.passage.text.split())) for h in merged}
     for hit in new:
         key = (hit.passage.title, " ".join(hit.passage.text.split()))
         if hit.passage.id in ids or key in texts:
             continue
-        cost = passage_tokens(hit.passage)
-        if budget and used + cost > budget:
-            cut = truncate_passage(hit.passage, budget - used)
-            if cut is not None:
-                out.append(Hit(cut, hit.score, hit.retriever))
-            break
-        out.append(hit)
+        merged.append(hit)
         ids.add(hit.passage.id)
         texts.add(key)
+    if not budget:
+        return merged
+    order = merged if keep == "first" else merged[::-1]
+    kept: list[Hit] = []
+    used = 0
+    for hit in order:
+        cost = passage_tokens(hit.passage)
+        if used + cost > budget:
+            cut = truncate_passage(hit.passage, budget - used)
+            if cut is not None:
+                kept.append(Hit(cut, hit.score, hit.retriever))
+            break
+        kept.append(hit)
         used += cost
-    return out
+    return kept if keep == "first" else kept[::-1]
 
 
 def truncate_passage(passage: Passage, tokens: int) -> Passage | None:

@@ -28,7 +28,7 @@ from metarag.errors import ConfigError
 from metarag.llm.base import Decoding
 from metarag.methods.actions import Ask, Note, Search
 from metarag.methods.evidence import clean_answer, evidence_prompt, format_passages
-from metarag.methods.evoctx import extend_context, strip_label
+from metarag.methods.evoctx import CONTEXT_KEEP, extend_context, strip_label
 from metarag.methods.runner import Policy
 from metarag.records import Hit, Question
 
@@ -56,7 +56,8 @@ class IterDRAGSettings:
 
     T = 8 follow-up steps and k = 5 passages per retrieval ("The baseline settings are aligned with
     EvoCtx where T=8 and k=5", §4.1), so at most 1 + T retrieval calls. context_budget_tokens = 1024,
-    EvoCtx's (Table 10; Table 11 matches the context budget), 0 for none. `exclude_seen` drops
+    EvoCtx's (Table 10; Table 11 matches the context budget), 0 for none; `context_keep` which end of
+    the context the budget keeps, "recent" as EvoCtx (see `evoctx.extend_context`). `exclude_seen` drops
     passages already retrieved from later retrievals (False keeps IterDRAG's plain top-k per
     sub-query; the union is de-duplicated either way). step/answer max tokens bound each generation.
     """
@@ -64,6 +65,7 @@ class IterDRAGSettings:
     k: int = 5
     T: int = 8
     context_budget_tokens: int = 1024
+    context_keep: str = "recent"
     exclude_seen: bool = True
     step_max_tokens: int = 64
     answer_max_tokens: int = 32
@@ -74,6 +76,9 @@ class IterDRAGSettings:
                               f"T={self.T}, context_budget_tokens={self.context_budget_tokens}")
         if self.step_max_tokens < 1 or self.answer_max_tokens < 1:
             raise ConfigError("iterdrag step_max_tokens and answer_max_tokens must be at least 1")
+        if self.context_keep not in CONTEXT_KEEP:
+            raise ConfigError(f"iterdrag context_keep must be one of {', '.join(CONTEXT_KEEP)}, "
+                              f"got {self.context_keep!r}")
 
 
 class IterDRAG:
@@ -88,7 +93,7 @@ class IterDRAG:
         s = self.settings
         hits = yield Search(question.text, s.k)
         seen = {h.passage.id for h in hits}
-        context: list[Hit] = extend_context([], hits, s.context_budget_tokens)
+        context: list[Hit] = extend_context([], hits, s.context_budget_tokens, s.context_keep)
         chain: list[tuple[str, str]] = []
         for round_ in range(1, s.T + 1):
             task = STEP_TASK.format(question=question.text, chain=format_chain(chain))
@@ -102,7 +107,7 @@ class IterDRAG:
                 break
             new = yield Search(text, s.k, exclude=frozenset(seen) if s.exclude_seen else frozenset())
             seen.update(h.passage.id for h in new)
-            context = extend_context(context, new, s.context_budget_tokens)
+            context = extend_context(context, new, s.context_budget_tokens, s.context_keep)
             task = INTERMEDIATE_TASK.format(question=question.text, chain=format_chain(chain), subquery=text)
             out = yield Ask("intermediate-answer", evidence_prompt(format_passages(context), task),
                             Decoding(max_tokens=s.answer_max_tokens, stop=("\n",)))
