@@ -185,7 +185,7 @@ class BoundaryJudge:
     rule: str = "hybrid"
     thresholds: Signals = PAPER_THRESHOLDS
     encoder: Any = field(default=None, compare=False, repr=False)
-    tail_percentile: float = 90.0
+    tail_percentile: float = 10.0  # EvoCtx's default reading of d_90 (see EvoCtxSettings.tail_percentile)
     name: str = "evoctx-boundary"
 
     def __post_init__(self) -> None:

@@ -123,11 +123,16 @@ class EvoCtxSettings:
     keeps the newest passages within the budget and drops the oldest ("first" keeps the oldest; see
     `extend_context` for why "recent" is the default). `encoder` "minilm" is
     the paper's all-MiniLM-L6-v2 (§4.1); "bag-of-words" needs no model (tests).
-    `tail_percentile` = 90: d_90 is the 90th percentile of the trace's distances to the boundary
-    items, as the issue reads §3.2 ("upper-tail mismatch"). The paper's gloss "far from most
-    boundary items" fits 10 better (the 90th percentile of similarities): with MiniLM on the demo
-    questions, a trace equal to the question itself scores RETRIEVE 97% of the time at 90 (off-topic
-    top-5 passages sit ~0.7 away, far above τ_90 = 0.4) and 0% at 10.
+    `tail_percentile` = 10: d_90 is read as the 10th percentile of the trace's distances to the
+    boundary items (the 90th percentile of its similarities), i.e. §3.2's gloss "the reasoning trace
+    is far from most boundary items"; 90 is the literal 90th percentile of the distances (the issue's
+    reading). Chosen by measurement, since the paper gives no formula: with MiniLM, off-topic
+    passages sit ~0.7–0.9 away from any trace, so at 90 the tail term exceeds τ_90 = 0.4 at every
+    step (100% of the 153 decisions of a 20-question HotpotQA run; 97% on the demo questions). The
+    method then RETRIEVEs every round, never THINKs, so U stays empty and φ(Q, U) writes the same
+    query each round: EvoCtx degenerates into its own "w/o THINK" ablation, which the paper reports
+    as worse than the full method (Table 2). At 10, 12% of those decisions RETRIEVE and the rest
+    THINK: the alternation the paper describes. docs/results.md has both runs.
     `decision_llm` "" asks the run's LLM; "embedded", "embedded-0.5b", "gguf:PATH" or
     "openai:MODEL[@BASE_URL]" name a separate decision model (§4.1 pairs Qwen3-4B-Thinking with a
     LLaMA-3.1-8B generator). `confidence_probe` records Table 8's sufficiency probe each round.
@@ -140,7 +145,7 @@ class EvoCtxSettings:
     tau_near: float = 0.3
     tau_cent: float = 0.2
     tau_90: float = 0.4
-    tail_percentile: float = 90.0
+    tail_percentile: float = 10.0
     rule: str = "hybrid"
     ablation: str = "none"
     context_budget_tokens: int = 1024
