@@ -229,6 +229,8 @@ def test_report_cli_prints_table_writes_csv_and_plot(tmp_path, capsys):
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == "| method | reranker | EM | passages/q | tok/q |"
     assert lines[2].startswith("| standard-rag | – | ") and lines[2].split(" | ")[3] == "5.00"
+    assert main(["report", str(store.path), "--csv", "", "--columns", "method,set:k"]) == 0
+    assert capsys.readouterr().out.splitlines()[2] == "| standard-rag | 5 |"
     assert main(["report", str(store.path), "--columns", "EM,nonsense"]) == 1
     assert "unknown report column(s) 'nonsense'" in capsys.readouterr().err
 

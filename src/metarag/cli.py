@@ -87,7 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--columns", default=None, metavar="A,B,...",
                     help="the table's columns, by name (default: method,retriever,model,dataset,n,EM,F1,Prec,Rec,"
                          "Acc,req/q,tok/req,lat/req,retr/q,USD; others: reranker, tok/q, passages/q, lat/q, "
-                         "prompt tok/q, cached tok/q, support recall, first recall, <decision>/q, ...)")
+                         "prompt tok/q, cached tok/q, support recall, first recall, <decision>/q, "
+                         "set:<method setting>, ...)")
     rp.add_argument("--breakdown", action="store_true",
                     help="also print each run's judge verdicts and decisions (study Table 2)")
     rp.add_argument("--analysis", choices=("evoctx",), default=None,

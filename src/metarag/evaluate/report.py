@@ -105,6 +105,9 @@ def summarize(run: LoadedRun, prices: dict[str, Price] | None = None) -> dict:
         "first recall": None if not first else 100 * mean(first),
         "USD": None if price is None else price.cost(prompt, completion),
         **{f"{name}/q": count / n for name, count in sorted(decisions.items())},
+        # each method setting, so `--columns set:threshold` tells apart runs of one method
+        **{f"set:{key}": value for key, value in (run.settings.get("method_settings") or {}).items()
+           if isinstance(value, (str, int, float, bool))},
     }
 
 
