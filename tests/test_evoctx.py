@@ -272,25 +272,25 @@ def test_tokens_are_words_times_three_halves_rounded_up():
 
 def test_context_is_cut_at_the_budget_keeping_what_came_first():
     first = [P("a", 399), P("b", 299)]  # 600 + 450 tokens
-    context = extend_context([], first, 1024, keep="first")
+    context = extend_context([], first, 1024)
     assert [h.passage.id for h in context] == ["a", "b"]
     assert sum(passage_tokens(h.passage) for h in context) <= 1024
     cut = context[1].passage
     assert cut.text.split() == first[1].passage.text.split()[:len(cut.text.split())]  # a prefix of it
     assert 1024 - 600 - 2 <= passage_tokens(cut) <= 1024 - 600  # what was left, to a word
     # once full, later retrievals add nothing
-    assert extend_context(context, [P("c", 5)], 1024, keep="first") == context
+    assert extend_context(context, [P("c", 5)], 1024) == context
 
 
-def test_the_default_budget_keeps_the_newest_passages_and_drops_the_oldest():
+def test_keep_recent_keeps_the_newest_passages_and_drops_the_oldest():
     a, b, c = P("a", 299), P("b", 299), P("c", 299)  # 450 tokens each
-    context = extend_context([], [a, b], 1024)
+    context = extend_context([], [a, b], 1024, keep="recent")
     assert [h.passage.id for h in context] == ["a", "b"]  # 900 tokens: both fit
-    context = extend_context(context, [c], 1024)
+    context = extend_context(context, [c], 1024, keep="recent")
     assert [h.passage.id for h in context] == ["a", "b", "c"]  # order kept, oldest cut to what is left
     assert context[1:] == [b, c] and sum(passage_tokens(h.passage) for h in context) <= 1024
     assert context[0].passage.text.split() == a.passage.text.split()[:len(context[0].passage.text.split())]
-    context = extend_context(context, [P("d", 299), P("e", 299)], 1024)
+    context = extend_context(context, [P("d", 299), P("e", 299)], 1024, keep="recent")
     assert [h.passage.id for h in context][-2:] == ["d", "e"] and "a" not in {h.passage.id for h in context}
     with pytest.raises(ConfigError, match="context_keep"):
         extend_context([], [a], 1024, keep="middle")

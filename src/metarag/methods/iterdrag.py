@@ -57,7 +57,7 @@ class IterDRAGSettings:
     T = 8 follow-up steps and k = 5 passages per retrieval ("The baseline settings are aligned with
     EvoCtx where T=8 and k=5", §4.1), so at most 1 + T retrieval calls. context_budget_tokens = 1024,
     EvoCtx's (Table 10; Table 11 matches the context budget), 0 for none; `context_keep` which end of
-    the context the budget keeps, "recent" as EvoCtx (see `evoctx.extend_context`). `exclude_seen` drops
+    the context the budget keeps, "first" as EvoCtx (see `evoctx.extend_context`). `exclude_seen` drops
     passages already retrieved from later retrievals (False keeps IterDRAG's plain top-k per
     sub-query; the union is de-duplicated either way). step/answer max tokens bound each generation.
     """
@@ -65,7 +65,7 @@ class IterDRAGSettings:
     k: int = 5
     T: int = 8
     context_budget_tokens: int = 1024
-    context_keep: str = "recent"
+    context_keep: str = "first"
     exclude_seen: bool = True
     step_max_tokens: int = 64
     answer_max_tokens: int = 32
