@@ -10,6 +10,17 @@ from metarag.records import Passage
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
 
+# Seven short passages with known BM25 / dense behaviour, for the retrieval and service tests.
+CITIES = [Passage(*fields) for fields in [
+    ("p1", "Paris", "Paris is the capital and largest city of France."),
+    ("p2", "Berlin", "Berlin is the capital of Germany."),
+    ("p3", "Lyon", "Lyon is a city in France, known for its cuisine."),
+    ("p4", "Eiffel Tower", "The Eiffel Tower is a wrought-iron lattice tower in Paris."),
+    ("p5", "Rhine", "The Rhine flows through Switzerland, Germany and the Netherlands."),
+    ("p6", "Louvre", "The Louvre is an art museum in Paris."),
+    ("p7", "Mars", "Mars is the fourth planet from the Sun."),
+]]
+
 CORPUS = [
     Passage("p1", "Eiffel Tower", "The Eiffel Tower is a wrought-iron lattice tower in Paris, France."),
     Passage("p2", "Gustave Eiffel", "Gustave Eiffel was a French civil engineer born in Dijon in 1832."),

@@ -9,6 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from conftest import CITIES
 
 from metarag.errors import ConfigError, DataError, MissingDependency
 from metarag.records import Passage
@@ -16,16 +17,6 @@ from metarag.retrieve.base import Retriever
 from metarag.retrieve.memory import MemoryRetriever
 
 needs_bm25s = pytest.mark.skipif(importlib.util.find_spec("bm25s") is None, reason="bm25s not installed")
-
-CITIES = [Passage(*fields) for fields in [
-    ("p1", "Paris", "Paris is the capital and largest city of France."),
-    ("p2", "Berlin", "Berlin is the capital of Germany."),
-    ("p3", "Lyon", "Lyon is a city in France, known for its cuisine."),
-    ("p4", "Eiffel Tower", "The Eiffel Tower is a wrought-iron lattice tower in Paris."),
-    ("p5", "Rhine", "The Rhine flows through Switzerland, Germany and the Netherlands."),
-    ("p6", "Louvre", "The Louvre is an art museum in Paris."),
-    ("p7", "Mars", "Mars is the fourth planet from the Sun."),
-]]
 QUERIES = ["capital of France", "wrought-iron tower", "art museum", "Rhine Netherlands", "the fourth planet",
            "Paris", "Germany capital city", "cuisine of Lyon France", "nothing matches zzz"]
 # The tiny corpus of the worked example below: no titles, no stopwords.

@@ -13,10 +13,11 @@ import urllib.request
 from collections.abc import Collection
 
 import pytest
+from conftest import CITIES
 from servers import free_port
 
 from metarag.errors import BackendError, DataError, MissingDependency
-from metarag.records import Hit, Passage
+from metarag.records import Hit
 from metarag.retrieve.fusion import FusionRetriever
 from metarag.retrieve.memory import MemoryRetriever
 from metarag.retrieve.remote import RemoteRetriever
@@ -25,16 +26,6 @@ from metarag.retrieve.service import parse_request
 needs_server = pytest.mark.skipif(
     importlib.util.find_spec("fastapi") is None or importlib.util.find_spec("uvicorn") is None,
     reason="fastapi or uvicorn not installed")
-
-CITIES = [Passage(*fields) for fields in [
-    ("p1", "Paris", "Paris is the capital and largest city of France."),
-    ("p2", "Berlin", "Berlin is the capital of Germany."),
-    ("p3", "Lyon", "Lyon is a city in France, known for its cuisine."),
-    ("p4", "Eiffel Tower", "The Eiffel Tower is a wrought-iron lattice tower in Paris."),
-    ("p5", "Rhine", "The Rhine flows through Switzerland, Germany and the Netherlands."),
-    ("p6", "Louvre", "The Louvre is an art museum in Paris."),
-    ("p7", "Mars", "Mars is the fourth planet from the Sun."),
-]]
 QUERIES = ["capital of France", "Paris museum", "Rhine Germany", "fourth planet", "nothing zzz"]
 
 
