@@ -443,7 +443,7 @@ def test_without_the_probe_no_score_steps(corpus):
 def iterdrag_llm(steps):
     return ScriptedLLM([("asking follow-up questions", list(steps)),
                         ("Answer the follow-up question", ["Gustave Eiffel", "Dijon"]),
-                        ("Give the final answer to the question", "Dijon.")])
+                        ("using the passages and the intermediate answers", "Dijon.")])
 
 
 ITERDRAG_CASES = {

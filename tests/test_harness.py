@@ -268,3 +268,18 @@ def test_a_model_named_by_path_is_hashed_by_content_into_the_run_id(tmp_path, mo
     assert retrained.path != first.path
     plain = prepare(config(tmp_path, method="sim-rag"))[3]
     assert "artifacts" not in plain  # the LLM critic names no file: run ids of such runs are unchanged
+
+
+def test_a_method_revision_above_one_is_hashed_into_the_run_id(tmp_path, monkeypatch):
+    from metarag.evaluate import harness
+    from metarag.evaluate.harness import prepare
+    from metarag.methods.iterdrag import IterDRAG
+
+    cfg = config(tmp_path, method="iterdrag")
+    current = prepare(cfg)
+    assert current[3]["method_revision"] == IterDRAG.revision >= 2
+    monkeypatch.setattr(harness, "method_revision", lambda name: 1)
+    first = prepare(cfg)
+    assert "method_revision" not in first[3] and first[0].path != current[0].path
+    standard = prepare(config(tmp_path))[3]
+    assert "method_revision" not in standard  # revision 1: run ids of unchanged methods stay put

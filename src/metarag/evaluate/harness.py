@@ -21,7 +21,7 @@ from metarag.errors import ConfigError, DataError
 from metarag.evaluate.metrics import AnswerScores, score_answer, support_recall
 from metarag.evaluate.runs import QuestionResult, RunStore
 from metarag.llm.registry import LLMSpec, check_spec, make_llm
-from metarag.methods.registry import CLOSED_BOOK, build_method, method_settings
+from metarag.methods.registry import CLOSED_BOOK, build_method, method_revision, method_settings
 from metarag.methods.runner import Method, Runtime, run
 from metarag.records import Question, Trace
 from metarag.settings import artifact_digests, settings_hash, to_plain
@@ -105,6 +105,9 @@ def prepare(config: EvalConfig):
         # how the model is run (threads, the response cache) does not change what it answers: not hashed
         "llm": {k: v for k, v in asdict(config.llm).items() if k not in ("response_cache", "n_threads")},
     }
+    revision = method_revision(config.method)
+    if revision > 1:  # absent at revision 1, so the run ids of unchanged methods stay put
+        resolved["method_revision"] = revision
     if config.reranker != "none" and needs_corpus:  # absent otherwise, so run ids without one stay put
         resolved["reranker"] = {"spec": config.reranker, "depth": config.rerank_depth,
                                 "settings": to_plain(reranker_settings(config.reranker))}

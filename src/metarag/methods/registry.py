@@ -37,6 +37,12 @@ def build_method(name: str, values: Mapping[str, Any] | None = None):
     return getattr(importlib.import_module(module), method_cls)(settings)
 
 
+def method_revision(name: str) -> int:
+    """The revision of method `name`'s prompts and rules (a class attribute `revision`, 1 when absent)."""
+    module, method_cls, _ = _entry(name)
+    return int(getattr(getattr(importlib.import_module(module), method_cls), "revision", 1))
+
+
 def _entry(name: str) -> tuple[str, str, str]:
     try:
         return METHODS[name]
