@@ -20,6 +20,7 @@ from metarag.evaluate.evoctx_analysis import (
     efficiency,
     format_analysis,
     oracle_agreement,
+    plot_analysis,
     spearman,
     tail_readings,
 )
@@ -584,6 +585,32 @@ def test_format_analysis_reports_every_section(tmp_path):
         assert heading in text
     assert "| 6 | 0.600 | 66.7% |" in text
     assert efficiency(hand_made_run(tmp_path))["retrieve_per_question"] == pytest.approx(1.0)
+
+
+def test_plot_analysis_draws_figures_4_and_3(tmp_path):
+    pytest.importorskip("matplotlib")
+    run = hand_made_run(tmp_path)
+    written = plot_analysis(run, tmp_path / "figs", BagOfWordsEncoder())
+    assert [p.name for p in written] == ["run-figure4-oracle.png", "run-figure3-allocation.png"]
+    assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in written)
+
+
+def test_plot_analysis_skips_figure_4_without_oracle_margins(tmp_path):
+    pytest.importorskip("matplotlib")
+    store = RunStore(tmp_path / "plain")
+    store.write_json("settings.json", {"method": "evoctx"})
+    store.write_json("questions.json", ["a"])
+    with store.open_for_append() as handle:
+        store.append(result("a", "Where was Eiffel born?", ("Dijon",), [decision(1, "RETRIEVE", 0.5)]), handle)
+    written = plot_analysis(load_run(store.path), tmp_path / "figs", BagOfWordsEncoder())
+    assert [p.name for p in written] == ["plain-figure3-allocation.png"]
+
+
+def test_analysis_plots_need_the_evoctx_analysis(tmp_path, capsys):
+    from metarag.cli import main
+
+    code = main(["report", str(hand_made_run(tmp_path).path), "--csv", "", "--analysis-plots", str(tmp_path)])
+    assert code != 0 and "--analysis-plots draws the figures of --analysis evoctx" in capsys.readouterr().err
 
 
 def test_tail_readings_count_the_decisions_each_reading_would_retrieve(tmp_path):

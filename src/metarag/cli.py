@@ -94,6 +94,9 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--analysis", choices=("evoctx",), default=None,
                     help="method-specific analyses: evoctx (oracle agreement, action allocation versus "
                          "question-answer distance, confidence across rounds)")
+    rp.add_argument("--analysis-plots", default=None, metavar="DIR",
+                    help="with --analysis evoctx: also draw Figure 4 (trace vs oracle margin) and Figure 3 "
+                         "(RETRIEVE ratio vs question-answer distance) of each run as PNGs in DIR")
     rp.set_defaults(handler=cmd_report)
 
     srv = sub.add_parser("serve-retriever", help="serve an index over HTTP for many workers",
@@ -296,12 +299,18 @@ def cmd_report(args: argparse.Namespace) -> int:
         print(f"csv: {args.csv}")
     if args.plot:
         print(f"plot: {plot_runs(rows, args.plot)}")
+    if args.analysis_plots and args.analysis != "evoctx":
+        raise_config("--analysis-plots draws the figures of --analysis evoctx; give both")
     if args.analysis == "evoctx":
-        from metarag.evaluate.evoctx_analysis import format_analysis
+        from metarag.evaluate.evoctx_analysis import allocation_vs_distance, format_analysis, plot_analysis
 
         for run in runs:
+            allocation = allocation_vs_distance(run)
             print()
-            print(format_analysis(run))
+            print(format_analysis(run, allocation=allocation))
+            if args.analysis_plots:
+                for path in plot_analysis(run, args.analysis_plots, allocation=allocation):
+                    print(f"plot: {path}")
     return 0
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from collections import Counter, defaultdict
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -71,8 +72,7 @@ def oracle_agreement(run: LoadedRun) -> dict[str, float]:
     shares of decisions where both say RETRIEVE, both THINK, agreement (their sum), under_retrieve
     (oracle RETRIEVE, trace THINK: the boundary should have grown but did not) and over_retrieve.
     """
-    pairs = [(d.signals["margin"], d.signals["oracle_margin"]) for r in run.results
-             for d in decisions(r.trace) if "margin" in d.signals and "oracle_margin" in d.signals]
+    pairs = margin_pairs(run)
     n = len(pairs)
     if n == 0:
         return {"n": 0, "spearman": math.nan, "both_retrieve": math.nan, "both_think": math.nan,
@@ -83,6 +83,12 @@ def oracle_agreement(run: LoadedRun) -> dict[str, float]:
             "both_retrieve": both_retrieve, "both_think": both_think,
             "agreement": both_retrieve + both_think,
             "under_retrieve": counts[(False, True)] / n, "over_retrieve": counts[(True, False)] / n}
+
+
+def margin_pairs(run: LoadedRun) -> list[tuple[float, float]]:
+    """(trace margin, oracle margin) of every decision that recorded both, in run order."""
+    return [(d.signals["margin"], d.signals["oracle_margin"]) for r in run.results
+            for d in decisions(r.trace) if "margin" in d.signals and "oracle_margin" in d.signals]
 
 
 def allocation_vs_distance(run: LoadedRun, encoder: Any = None) -> dict[str, Any]:
@@ -172,10 +178,65 @@ def tail_readings(run: LoadedRun) -> dict[str, tuple[float, int]]:
             for key, values in sorted(margins.items(), key=lambda kv: float(kv[0][len("margin_p"):]))}
 
 
+# -------------------------------------------------------------------------------------- figures
+def plot_analysis(run: LoadedRun, folder: str | Path, encoder: Any = None,
+                  allocation: dict[str, Any] | None = None) -> list[Path]:
+    """The paper's two figures for one run, as PNGs in `folder` (created if missing):
+    `<run>-figure4-oracle.png`, each decision's trace margin against its oracle margin with the
+    agreement quadrants (drawn when the run recorded oracle margins), and
+    `<run>-figure3-allocation.png`, each question's RETRIEVE ratio against its question–answer
+    distance (drawn when some question qualifies). `allocation` reuses an `allocation_vs_distance`
+    result. Returns the files written."""
+    from metarag.evaluate.report import _pyplot
+
+    plt = _pyplot()
+    out = Path(folder)
+    out.mkdir(parents=True, exist_ok=True)
+    written: list[Path] = []
+    pairs = margin_pairs(run)
+    if pairs:
+        fig, ax = plt.subplots(figsize=(5, 5))
+        ax.scatter([o for _, o in pairs], [m for m, _ in pairs], s=12, alpha=0.6)
+        ax.axhline(0, color="grey", lw=0.8)
+        ax.axvline(0, color="grey", lw=0.8)
+        ax.set_xlabel("oracle margin (gold answer vs boundary)")
+        ax.set_ylabel("trace margin (reasoning vs boundary)")
+        oracle = oracle_agreement(run)
+        ax.set_title(f"{len(pairs)} decisions, Spearman {_num(oracle['spearman'])}, "
+                     f"agreement {_pct(oracle['agreement'])}", fontsize=9)
+        for x, y, label in ((0.98, 0.98, "both RETRIEVE"), (0.02, 0.02, "both THINK"),
+                            (0.98, 0.02, "under-RETRIEVE"), (0.02, 0.98, "over-RETRIEVE")):
+            ax.text(x, y, label, transform=ax.transAxes, fontsize=8, color="grey",
+                    ha="right" if x > 0.5 else "left", va="top" if y > 0.5 else "bottom")
+        ax.grid(alpha=0.3)
+        fig.tight_layout()
+        written.append(out / f"{run.name}-figure4-oracle.png")
+        fig.savefig(written[-1], dpi=120)
+        plt.close(fig)
+    allocation = allocation if allocation is not None else allocation_vs_distance(run, encoder)
+    if allocation["rows"]:
+        rows = allocation["rows"]
+        fig, ax = plt.subplots(figsize=(6, 4))
+        ax.scatter([r["distance"] for r in rows], [r["retrieve_ratio"] for r in rows], s=14, label="RETRIEVE")
+        ax.scatter([r["distance"] for r in rows], [r["think_ratio"] for r in rows], s=14, marker="x",
+                   label="THINK")
+        ax.set_xlabel("question–answer distance (cosine)")
+        ax.set_ylabel("share of the question's actions")
+        ax.set_title(f"{allocation['n']} questions, Spearman(distance, RETRIEVE) "
+                     f"{_num(allocation['spearman_retrieve'])}", fontsize=9)
+        ax.legend()
+        ax.grid(alpha=0.3)
+        fig.tight_layout()
+        written.append(out / f"{run.name}-figure3-allocation.png")
+        fig.savefig(written[-1], dpi=120)
+        plt.close(fig)
+    return written
+
+
 # -------------------------------------------------------------------------------------- report
-def format_analysis(run: LoadedRun, encoder: Any = None) -> str:
+def format_analysis(run: LoadedRun, encoder: Any = None, allocation: dict[str, Any] | None = None) -> str:
     """The four analyses of one run as markdown (the encoder, MiniLM by default, embeds questions and
-    gold answers for Figure 3)."""
+    gold answers for Figure 3; `allocation` reuses an `allocation_vs_distance` result)."""
     eff = efficiency(run)
     lines = [f"### EvoCtx analysis: {run.name}", "",
              "Efficiency (Table 5), per question:", "",
@@ -200,7 +261,7 @@ def format_analysis(run: LoadedRun, encoder: Any = None) -> str:
                   f"| {oracle['n']} | {_num(oracle['spearman'])} | {_pct(oracle['agreement'])} "
                   f"| {_pct(oracle['both_retrieve'])} | {_pct(oracle['both_think'])} "
                   f"| {_pct(oracle['under_retrieve'])} | {_pct(oracle['over_retrieve'])} |", ""]
-    allocation = allocation_vs_distance(run, encoder)
+    allocation = allocation if allocation is not None else allocation_vs_distance(run, encoder)
     lines.append("Action allocation against question–answer distance (Figure 3):")
     if allocation["n"] == 0:
         lines += ["", "no question with gold answers and RETRIEVE/THINK decisions", ""]
