@@ -13,7 +13,9 @@ import pytest
 from metarag.cli import main
 from metarag.errors import DataError
 from metarag.evaluate.harness import DatasetSpec, EvalConfig, evaluate
+from metarag.evaluate.metrics import AnswerScores
 from metarag.evaluate.report import load_run, report_table, significance
+from metarag.evaluate.runs import QuestionResult, RunStore
 from metarag.evaluate.stats import paired_t_test
 from metarag.evaluate.sweep import sweep
 from metarag.llm.scripted import ScriptedLLM
@@ -283,3 +285,21 @@ def test_a_method_revision_above_one_is_hashed_into_the_run_id(tmp_path, monkeyp
     assert "method_revision" not in first[3] and first[0].path != current[0].path
     standard = prepare(config(tmp_path))[3]
     assert "method_revision" not in standard  # revision 1: run ids of unchanged methods stay put
+
+
+def test_passages_per_question_counts_each_passage_once(tmp_path):
+    from metarag.records import Hit, Passage, Retrieve, Trace, Usage
+
+    def hits(*ids):
+        return tuple(Hit(Passage(i, i, "text"), 1.0, "bm25") for i in ids)
+
+    trace = Trace("q0", "Q?", "iterdrag", (Retrieve(Usage(retrieval_calls=1), "Q?", 2, hits("a", "b")),
+                                           Retrieve(Usage(retrieval_calls=1), "again", 2, hits("b", "c"))),
+                  answer="x")
+    store = RunStore(tmp_path / "run")
+    store.write_json("settings.json", {"method": "iterdrag"})
+    store.write_json("questions.json", ["q0"])
+    with store.open_for_append() as handle:
+        store.append(QuestionResult("q0", ("x",), "x", AnswerScores(1, 1, 1, 1, 1), None, None, trace), handle)
+    _, rows = report_table([load_run(store.path)])
+    assert rows[0]["passages/q"] == 3.0 and rows[0]["retr/q"] == 2.0

@@ -151,13 +151,13 @@ def _p_yes(step: Score) -> float:
 
 
 def efficiency(run: LoadedRun) -> dict[str, float]:
-    """Table 5: per question, retrieval calls, retrieved passages and tokens (prompt + completion),
+    """Table 5: per question, retrieval calls, distinct retrieved passages and tokens (prompt + completion),
     and the executed actions of EvoCtx runs."""
     n = len(run.results) or 1
     chosen = Counter(d.choice for r in run.results for d in decisions(r.trace))
     return {"questions": len(run.results),
             "retrieval_calls": sum(r.trace.usage.retrieval_calls for r in run.results) / n,
-            "passages": sum(len(h) for r in run.results for h in r.trace.retrieval_rounds()) / n,
+            "passages": sum(len(r.trace.retrieved_ids()) for r in run.results) / n,
             "tokens": sum(r.trace.usage.total_tokens for r in run.results) / n,
             **{f"{action.lower()}_per_question": chosen[action] / n for action in ("RETRIEVE", "THINK", "ANSWER")}}
 

@@ -100,7 +100,8 @@ def summarize(run: LoadedRun, prices: dict[str, Price] | None = None) -> dict:
         "lat/req": llm_latency / len(fresh) if fresh else None,
         "lat/q": sum(u.latency_s for u in usages) / n,
         "retr/q": sum(u.retrieval_calls for u in usages) / n,
-        "passages/q": sum(len(hits) for r in results for hits in r.trace.retrieval_rounds()) / n,
+        # distinct passages, as the EvoCtx paper's Table 5 counts them (a passage retrieved again counts once)
+        "passages/q": sum(len(r.trace.retrieved_ids()) for r in results) / n,
         "support recall": None if not recall else 100 * mean(recall),
         "first recall": None if not first else 100 * mean(first),
         "USD": None if price is None else price.cost(prompt, completion),
