@@ -451,6 +451,8 @@ ITERDRAG_CASES = {
     "final": (dict(k=2), ["Follow up: Who engineered the Eiffel Tower?",
                           "Follow up: Where was Gustave Eiffel born?", "So the final answer is: Dijon."]),
     "max-steps": (dict(k=2, T=2), ["Follow up: Who engineered the Eiffel Tower?", "Where was he born?"]),
+    "repeat": (dict(k=2), ["Follow up: Who engineered the Eiffel Tower?",
+                           "Follow up: who engineered the Eiffel tower\nSo the final answer is: Paris"]),
 }
 
 
@@ -486,6 +488,28 @@ def test_iterdrag_stops_at_T_with_the_final_prompt(corpus):
     notes = [(d.choice, d.signals["unlabelled"]) for d in trace.of_kind(Decide)]
     assert notes == [("follow-up", 0.0), ("follow-up", 1.0)] and trace.usage.retrieval_calls == 3
     assert trace.of_kind(Generate)[-1].purpose == "answer" and trace.answer == "Dijon"
+
+
+def test_iterdrag_a_repeated_follow_up_ends_the_chain(corpus):
+    values, steps = ITERDRAG_CASES["repeat"]
+    trace = run(IterDRAG(IterDRAGSettings(**values)), Q, Runtime(iterdrag_llm(steps), MemoryRetriever(corpus)))
+    assert [d.choice for d in trace.of_kind(Decide)] == ["follow-up", "repeat"]
+    assert trace.usage.retrieval_calls == 2 and trace.answer == "Paris"  # the reply's own final answer
+    # without a final answer in the reply, the final prompt answers
+    steps = ["Follow up: Who engineered the Eiffel Tower?", "Follow up: Who engineered the Eiffel Tower?"]
+    llm = iterdrag_llm(steps)
+    trace = run(IterDRAG(IterDRAGSettings(k=2)), Q, Runtime(llm, MemoryRetriever(corpus)))
+    assert trace.usage.retrieval_calls == 2 and trace.answer == "Dijon"
+    assert trace.of_kind(Generate)[-1].purpose == "answer"
+
+
+def test_iterdrag_on_repeat_retrieve_asks_again_until_T(corpus):
+    steps = ["Follow up: Who engineered the Eiffel Tower?"] * 3
+    trace = run(IterDRAG(IterDRAGSettings(k=2, T=3, on_repeat="retrieve")), Q,
+                Runtime(iterdrag_llm(steps), MemoryRetriever(corpus)))
+    assert [d.choice for d in trace.of_kind(Decide)] == ["follow-up"] * 3 and trace.usage.retrieval_calls == 4
+    with pytest.raises(ConfigError, match="on_repeat"):
+        IterDRAGSettings(on_repeat="skip")
 
 
 @pytest.mark.parametrize("text, parsed", [
