@@ -637,6 +637,16 @@ def test_plot_analysis_skips_figure_4_without_oracle_margins(tmp_path):
     assert [p.name for p in written] == ["plain-figure3-allocation.png"]
 
 
+def test_a_baseline_run_gets_the_efficiency_row_only(tmp_path):
+    store = RunStore(tmp_path / "sr")
+    store.write_json("settings.json", {"method": "standard-rag"})
+    store.write_json("questions.json", ["a"])
+    with store.open_for_append() as handle:
+        store.append(result("a", "Where was Eiffel born?", ("Dijon",), [probe(0.5)]), handle)
+    text = format_analysis(load_run(store.path), BagOfWordsEncoder())
+    assert "Efficiency (Table 5)" in text and "efficiency only" in text and "Oracle agreement" not in text
+
+
 def test_analysis_plots_need_the_evoctx_analysis(tmp_path, capsys):
     from metarag.cli import main
 

@@ -302,9 +302,18 @@ def cmd_report(args: argparse.Namespace) -> int:
     if args.analysis_plots and args.analysis != "evoctx":
         raise_config("--analysis-plots draws the figures of --analysis evoctx; give both")
     if args.analysis == "evoctx":
-        from metarag.evaluate.evoctx_analysis import allocation_vs_distance, format_analysis, plot_analysis
+        from metarag.evaluate.evoctx_analysis import (
+            allocation_vs_distance,
+            format_analysis,
+            has_decisions,
+            plot_analysis,
+        )
 
         for run in runs:
+            if not has_decisions(run):
+                print()
+                print(format_analysis(run))  # a baseline: its efficiency row only, nothing to embed or draw
+                continue
             allocation = allocation_vs_distance(run)
             print()
             print(format_analysis(run, allocation=allocation))

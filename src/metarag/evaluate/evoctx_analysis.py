@@ -64,6 +64,11 @@ def decisions(trace: Trace) -> list[Decide]:
     return [s for s in trace.steps if isinstance(s, Decide) and s.name == DECISION]
 
 
+def has_decisions(run: LoadedRun) -> bool:
+    """Whether any question of the run made an EvoCtx decision (False for a baseline's run)."""
+    return any(decisions(r.trace) for r in run.results)
+
+
 def oracle_agreement(run: LoadedRun) -> dict[str, float]:
     """Figure 4: each decision's signed margin (score − 1, from the reasoning trace) against the
     oracle margin (the gold answer's embedding against the same boundary; runs with `oracle=true`).
@@ -245,6 +250,8 @@ def format_analysis(run: LoadedRun, encoder: Any = None, allocation: dict[str, A
              f"| {eff['questions']} | {eff['retrieval_calls']:.2f} | {eff['passages']:.2f} | {eff['tokens']:.0f} "
              f"| {eff['retrieve_per_question']:.2f} | {eff['think_per_question']:.2f} "
              f"| {eff['answer_per_question']:.2f} |", ""]
+    if not has_decisions(run):  # a baseline's run: Table 5's row only
+        return "\n".join(lines + ["no EvoCtx decisions in this run: efficiency only"])
     readings = tail_readings(run)
     if readings:
         lines += ["RETRIEVE share of the boundary decisions under each reading of the tail signal d_90 "
