@@ -77,9 +77,9 @@ class IterDRAGSettings:
     the chain: with the embedded 1.5B model, all 20 HotpotQA questions of docs/results.md asked some
     follow-up again (17 kept going until T), and the final prompt over the repeated chain answered
     "Yes" to 8 of them, 7 of which are not yes/no questions; "answer" scored 30 / 35.5 EM / F1 with
-    2.15 retrieval calls against 15 / 22.5 with 8.6 for "retrieve". IterDRAG's demonstrations never repeat a follow-up, so ending there is what its
-    prompt format asks for.
-    step/answer max tokens bound each generation.
+    2.15 retrieval calls against 15 / 22.5 with 8.6 for "retrieve". IterDRAG's demonstrations never
+    repeat a follow-up, so ending there is what its prompt format asks for. step/answer max tokens
+    bound each generation.
     """
 
     k: int = 5
