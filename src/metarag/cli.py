@@ -310,14 +310,11 @@ def cmd_report(args: argparse.Namespace) -> int:
         )
 
         for run in runs:
-            if not has_decisions(run):
-                print()
-                print(format_analysis(run))  # a baseline: its efficiency row only, nothing to embed or draw
-                continue
-            allocation = allocation_vs_distance(run)
+            # a baseline's run gets its efficiency row only: nothing to embed or draw
+            allocation = allocation_vs_distance(run) if has_decisions(run) else None
             print()
             print(format_analysis(run, allocation=allocation))
-            if args.analysis_plots:
+            if args.analysis_plots and allocation is not None:
                 for path in plot_analysis(run, args.analysis_plots, allocation=allocation):
                     print(f"plot: {path}")
     return 0

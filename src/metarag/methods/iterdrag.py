@@ -42,9 +42,10 @@ INTERMEDIATE_TASK = (
     "Question: {question}\n{chain}Follow up: {subquery}\n"
     "Answer the follow-up question from the passages in a few words.\nIntermediate answer:")
 # Revision 2: revision 1 ended with "Give the final answer to the question: ... or yes/no.\nSo the
-# final answer is:", which the 1.5B model answered "Yes" for 6 of 20 HotpotQA questions that are not
-# yes/no questions (it read the line as a request for permission). The short-answer wording below is
-# the one Standard RAG and EvoCtx's f_ans use.
+# final answer is:"; now the short-answer wording of Standard RAG and EvoCtx's f_ans, so the three
+# answer prompts match. The change alone did not stop the 1.5B model's "Yes" to questions that are
+# not yes/no (6 of 20 HotpotQA questions before it, 7 after, both with repeated follow-ups in the
+# chain); ending the chain at a repeated follow-up did (see `on_repeat`).
 FINAL_TASK = (
     "Question: {question}\n{chain}"
     "Answer the question using the passages and the intermediate answers. Give a short answer only: a "
