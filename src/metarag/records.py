@@ -220,6 +220,7 @@ class Trace:
     steps: tuple[Step, ...] = ()
     answer: str | None = None
     error: str | None = None
+    retryable: bool = False  # the error was a BackendError(retryable=True): a re-run tries the question again
 
     @property
     def usage(self) -> Usage:

@@ -8,7 +8,7 @@ from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from metarag.errors import ConfigError, MetaRAGError
+from metarag.errors import BackendError, ConfigError, MetaRAGError
 from metarag.llm.base import LLM, generate
 from metarag.methods.actions import Action, Ask, Assess, Note, Probe, Search
 from metarag.records import Answer, Decide, Generate, Judge, Question, Rerank, Retrieve, Score, Step, Trace, Usage
@@ -45,6 +45,7 @@ def run(method: Method, question: Question, runtime: Runtime,
     """Run `method` on `question`; never raises for a failure inside the method: the trace records
     the error (with the steps done before it) and the caller decides what to do with it."""
     steps: list[Step] = []
+    retryable = False
     policy = method.policy(question)
     reply: Any = None
     try:
@@ -64,12 +65,13 @@ def run(method: Method, question: Question, runtime: Runtime,
         return Trace(question.id, question.text, method.name, tuple(steps), answer=answer)
     except MetaRAGError as exc:
         error = f"{type(exc).__name__}: {exc}"
+        retryable = isinstance(exc, BackendError) and exc.retryable
     except Exception as exc:  # a bug or a library failure: keep the run going, keep the evidence
         where = traceback.extract_tb(exc.__traceback__)[-1]
         error = f"{type(exc).__name__}: {exc} (at {where.filename}:{where.lineno})"
     finally:
         policy.close()
-    return Trace(question.id, question.text, method.name, tuple(steps), error=error)
+    return Trace(question.id, question.text, method.name, tuple(steps), error=error, retryable=retryable)
 
 
 def execute(action: Action, runtime: Runtime) -> tuple[list[Step], Any]:
