@@ -11,15 +11,25 @@ export CMAKE_BUILD_PARALLEL_LEVEL ?= $(shell nproc 2>/dev/null || echo 2)
 DEMO_Q1 := Who directed the film that was shot in or around Leland, North Carolina in 1986
 DEMO_Q2 := Are Christopher Nolan and Sathish Kalathil both film directors?
 
-.PHONY: demo test lint install clean
+EXTRAS := embedded,server,eval,hf,dev
 
-$(STAMP): pyproject.toml
+.PHONY: demo test lint install doctor clean
+
+# llama-cpp-python comes from a wheel built on this machine with AMX kernels left out (they crash
+# on our Q4_K_M GGUF), kept under $METARAG_HOME/wheels by build identity; never from pip's wheel
+# cache, which does not key on CMAKE_ARGS. Then everything else, then the doctor's checks.
+$(STAMP): pyproject.toml scripts/install-llama-cpp
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -e '.[embedded,server,eval,dev]'
+	scripts/install-llama-cpp $(BIN)/python
+	$(BIN)/python -m pip install -e '.[$(EXTRAS)]'
+	$(BIN)/metarag doctor
 	touch $(STAMP)
 
 install: $(STAMP)
+
+doctor: $(STAMP)
+	$(BIN)/metarag doctor
 
 demo: $(STAMP)
 	$(BIN)/metarag index build --retrievers bm25,dense
