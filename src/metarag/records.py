@@ -82,26 +82,63 @@ class Message:
 
 @dataclass(frozen=True)
 class TokenLogprob:
-    """A generated token with its log-probability and the top alternatives at that position."""
+    """One generated token: its text piece, log-probability and the top alternatives at that position
+    (when asked), its id in the back-end's vocabulary, the character offset of its piece in the raw
+    output, and the entropy (nats) of the model's full next-token distribution there (None where the
+    back-end returns only the top alternatives). Old traces without id/offset/entropy load as is."""
 
     token: str
     logprob: float
     top: tuple[tuple[str, float], ...] = ()
+    id: int | None = None
+    offset: int = 0
+    entropy: float | None = None
 
 
 @dataclass(frozen=True)
 class Completion:
-    """What an LLM returned for one request."""
+    """What an LLM returned for one request.
+
+    `tokens` are every generated token, in order, including the one whose text crossed a stop string
+    (it was generated and is counted in `usage.completion_tokens`) and never an end-of-sequence
+    token. `text` is the output cut before the stop string, so the tokens' pieces joined start with
+    `text`. `finish_reason`: "stop" (the stop string `stop` fired; `stop` is None when a server did
+    not say which), "eos" (the model ended its turn) or "length" (max_tokens). `prompt_ids` are the
+    prompt's token ids as the model saw them (None where a back-end cannot tell). `internals` holds
+    attention weights / hidden states when a request asked for them; it is never serialized.
+    """
+
+    RENAMED: ClassVar[dict[str, str]] = {"logprobs": "tokens"}
 
     text: str
     usage: Usage = Usage()
-    logprobs: tuple[TokenLogprob, ...] | None = None
+    tokens: tuple[TokenLogprob, ...] | None = None
     finish_reason: str = "stop"
+    stop: str | None = None
+    prompt_ids: tuple[int, ...] | None = None
+    internals: Any = field(default=None, compare=False, metadata={"transient": True})
+
+    @property
+    def logprobs(self) -> tuple[TokenLogprob, ...] | None:
+        """The generated tokens (the name of this field before tokens carried ids and offsets)."""
+        return self.tokens
+
+    @property
+    def token_ids(self) -> tuple[int, ...] | None:
+        """The ids of the generated tokens, None where the back-end does not return ids."""
+        if self.tokens is None or any(t.id is None for t in self.tokens):
+            return None
+        return tuple(t.id for t in self.tokens)  # type: ignore[misc]
 
 
 @dataclass(frozen=True)
 class LabelScores:
-    """Probability of each label's first token as the model's next token (`LLM.score_labels`)."""
+    """Probability of each whole label as the model's continuation (`LLM.score_labels`): the product
+    of its tokens' probabilities, teacher-forced, summed over the label's accepted variants.
+
+    Read it with `p(label)`, the one rule every consumer uses for "no mass on any label"."""
+
+    MIN_MASS: ClassVar[float] = 1e-4  # below this total, the labels say nothing (SIM-RAG critic's rule)
 
     labels: tuple[str, ...]
     probs: tuple[float, ...]
@@ -110,12 +147,25 @@ class LabelScores:
     def prob(self, label: str) -> float:
         return self.probs[self.labels.index(label)]
 
+    @property
+    def mass(self) -> float:
+        """The total probability of the labels."""
+        return float(sum(self.probs))
+
+    def p(self, label: str) -> tuple[float, str | None]:
+        """(P(label) renormalized over the labels, fallback). When the labels together get less than
+        MIN_MASS the probability is uniform, 1/len(labels), and `fallback` says why: the caller must
+        then return its documented default verdict (never a silent positive one) and record it."""
+        index = self.labels.index(label)
+        total = self.mass
+        if total < self.MIN_MASS:
+            return 1.0 / len(self.labels), (f"no probability mass on the labels {'/'.join(self.labels)} "
+                                            f"(total {total:.2g})")
+        return self.probs[index] / total, None
+
     def normalized(self) -> dict[str, float]:
-        """The label probabilities renormalized over the labels alone (uniform if all are 0)."""
-        total = sum(self.probs)
-        if total <= 0:
-            return {label: 1.0 / len(self.labels) for label in self.labels}
-        return {label: p / total for label, p in zip(self.labels, self.probs)}
+        """The label probabilities renormalized over the labels alone (uniform under MIN_MASS)."""
+        return {label: self.p(label)[0] for label in self.labels}
 
     def best(self) -> str:
         return self.labels[max(range(len(self.labels)), key=self.probs.__getitem__)]
@@ -161,18 +211,21 @@ class Generate(Step):
     purpose: str
     prompt: tuple[Message, ...]
     text: str
-    logprobs: tuple[TokenLogprob, ...] | None = None
+    logprobs: tuple[TokenLogprob, ...] | None = None  # the generated tokens, kept only when asked for
+    # a prompt given as token ids (then `prompt` is empty); absent from the JSON when None
+    prompt_ids: tuple[int, ...] | None = field(default=None, metadata={"omit_default": True})
 
 
 @dataclass(frozen=True)
 class Score(Step):
-    """A next-token label probability read (`LLM.score_labels`), e.g. a yes/no probe."""
+    """A whole-label probability read (`LLM.score_labels`), e.g. a yes/no probe."""
 
     kind: ClassVar[str] = "score"
     purpose: str
     prompt: tuple[Message, ...]
     labels: tuple[str, ...]
     probs: tuple[float, ...]
+    prompt_ids: tuple[int, ...] | None = field(default=None, metadata={"omit_default": True})
 
 
 @dataclass(frozen=True)
@@ -264,7 +317,7 @@ class Trace:
 def to_plain(obj: Any) -> Any:
     """A record as JSON-ready values; steps carry their `kind` so a trace loads back exactly."""
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        out = {f.name: to_plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+        out = {f.name: to_plain(getattr(obj, f.name)) for f in dataclasses.fields(obj) if _kept(obj, f)}
         if isinstance(obj, Step):
             out = {"kind": obj.kind, **out}
         return out
@@ -273,6 +326,14 @@ def to_plain(obj: Any) -> Any:
     if isinstance(obj, dict):
         return {str(k): to_plain(v) for k, v in obj.items()}
     return obj
+
+
+def _kept(obj: Any, f: dataclasses.Field) -> bool:
+    """A field goes into JSON unless it is transient (live tensors) or an optional field at its
+    default (so that adding one leaves existing traces and golden files unchanged)."""
+    if f.metadata.get("transient"):
+        return False
+    return not (f.metadata.get("omit_default") and getattr(obj, f.name) == f.default)
 
 
 _HINTS: dict[type, dict[str, Any]] = {}
@@ -306,6 +367,9 @@ def from_plain(tp: Any, value: Any) -> Any:
         if hints is None:
             hints = _HINTS[tp] = typing.get_type_hints(tp)
         names = {f.name for f in dataclasses.fields(tp)}
+        renamed = getattr(tp, "RENAMED", {})
+        if renamed:  # records written before a field was renamed
+            value = {renamed.get(k, k) if renamed.get(k, k) not in value else k: v for k, v in value.items()}
         return tp(**{k: from_plain(hints[k], v) for k, v in value.items() if k in names})
     if tp is float and isinstance(value, int):
         return float(value)

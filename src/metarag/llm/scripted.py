@@ -1,20 +1,58 @@
 """The deterministic fake LLM for tests and examples: answers come from a script, not a model.
 
 A script is a list of rules tried in order; a rule matches when its pattern (a regular expression)
-is found in the prompt, and each rule's responses are used in turn (the last one repeats).
-Token counts are whitespace word counts, so usage accounting is checkable by hand.
+is found in the prompt, and each rule's responses are used in turn (the last one repeats). A
+response is a string, a function of the prompt, or `ScriptedTokens` (pieces with their own
+log-probabilities, e.g. one unlikely token to trigger FLARE's retrieval).
+
+Tokens are whitespace-delimited words with the whitespace after them (`re.findall(r"\\s*\\S+\\s*")`:
+leading whitespace joins the first word), so token counts are word counts, checkable by hand, and a
+stop string at a word's end ("\\n") is crossed by the word before it; a token's id is the crc32
+of its text. It follows the protocol's stop, continuation and token-id rules exactly like the real
+back-ends (`metarag.llm.base`).
 """
 from __future__ import annotations
 
+import math
 import re
+import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from metarag.errors import BackendError
-from metarag.llm.base import Decoding, Prompt, as_messages, truncate_at_stop
-from metarag.records import Completion, LabelScores, Message, TokenLogprob, Usage
+from metarag.errors import BackendError, ConfigError
+from metarag.llm.base import (
+    Decoding,
+    Prompt,
+    TokenIds,
+    TokenStream,
+    as_messages,
+    is_raw,
+    label_plan,
+    render_continuing,
+)
+from metarag.records import Completion, LabelScores, Message, Usage
 
-Response = str | Callable[[str], str]
+DEFAULT_LOGPROB = -0.01  # a scripted token's log-probability unless the script says otherwise
+ALTERNATIVE = "<other>"  # the second entry of a scripted token's top alternatives
+
+
+@dataclass(frozen=True)
+class ScriptedTokens:
+    """A scripted response given token by token: (piece, log-prob) pairs, a bare piece meaning
+    DEFAULT_LOGPROB. `ScriptedTokens.of("The", " capital", (" Lyon", -4.0))`."""
+
+    pieces: tuple[tuple[str, float], ...]
+
+    @classmethod
+    def of(cls, *items: str | tuple[str, float]) -> ScriptedTokens:
+        return cls(tuple((i, DEFAULT_LOGPROB) if isinstance(i, str) else (i[0], float(i[1])) for i in items))
+
+    @property
+    def text(self) -> str:
+        return "".join(p for p, _ in self.pieces)
+
+
+Response = str | ScriptedTokens | Callable[[str], str]
 
 
 @dataclass
@@ -25,10 +63,19 @@ class Rule:
     responses: Sequence[Response]
     calls: int = field(default=0, compare=False)
 
-    def next(self, prompt: str) -> str:
+    def next(self, prompt: str) -> str | ScriptedTokens:
         response = self.responses[min(self.calls, len(self.responses) - 1)]
         self.calls += 1
         return response(prompt) if callable(response) else response
+
+
+def split_words(text: str) -> list[str]:
+    """The scripted tokenization: each word with the whitespace after it (whitespace alone is one token)."""
+    return re.findall(r"\s*\S+\s*", text) or ([text] if text else [])
+
+
+def token_id(piece: str) -> int:
+    return zlib.crc32(piece.encode("utf-8")) & 0x7FFFFFFF
 
 
 class ScriptedLLM:
@@ -38,39 +85,77 @@ class ScriptedLLM:
     def __init__(self, rules: Sequence[tuple[str, Response | Sequence[Response]]] = (),
                  label_rules: Sequence[tuple[str, dict[str, float]]] = (), *,
                  default: str | None = None, name: str = "scripted"):
-        self.rules = [Rule(p, [r] if isinstance(r, str) or callable(r) else list(r)) for p, r in rules]
+        self.rules = [Rule(p, [r] if isinstance(r, (str, ScriptedTokens)) or callable(r) else list(r))
+                      for p, r in rules]
         self.label_rules = [(re.compile(p, re.S), probs) for p, probs in label_rules]
         self.default = default
         self.identity = f"scripted:{name}"
         self.prompts: list[str] = []  # every prompt seen, rendered, for assertions in tests
+        self._pieces: dict[int, str] = {}
 
-    def complete(self, prompt: str, decoding: Decoding = Decoding()) -> Completion:
-        self.prompts.append(prompt)
-        text = self._respond(prompt)
-        text, stopped = truncate_at_stop(text, decoding.stop)
-        words = text.split()[: decoding.max_tokens]
-        if len(words) < len(text.split()):
-            text, stopped = " ".join(words), False
-        logprobs = None
-        if decoding.logprobs:
-            logprobs = tuple(TokenLogprob(w, -0.01, ((w, -0.01),)) for w in words)
-        usage = Usage(prompt_tokens=len(prompt.split()), completion_tokens=len(words), llm_requests=1)
-        return Completion(text, usage, logprobs, "stop" if stopped or len(words) < decoding.max_tokens
-                          else "length")
+    # ------------------------------------------------------------------------------ protocol
+    def complete(self, prompt: str | TokenIds, decoding: Decoding = Decoding()) -> Completion:
+        text = self.detokenize(prompt.ids) if isinstance(prompt, TokenIds) else prompt
+        prompt_ids = tuple(prompt.ids) if isinstance(prompt, TokenIds) else tuple(self.tokenize(text))
+        self.prompts.append(text)
+        response = self._respond(text)
+        pieces = response.pieces if isinstance(response, ScriptedTokens) else \
+            tuple((w, DEFAULT_LOGPROB) for w in split_words(response))
+        stream = TokenStream(decoding.stop)
+        eos = True
+        for i, (piece, logprob) in enumerate(pieces):
+            if i == decoding.max_tokens:
+                eos = False
+                break
+            top = ()
+            if decoding.logprobs:
+                rest = math.log1p(-math.exp(logprob)) if logprob < 0 else -math.inf
+                top = tuple(sorted(((piece, logprob), (ALTERNATIVE, rest)), key=lambda t: -t[1]))[:decoding.logprobs]
+            if stream.push(self._register(piece), piece, stream.raw + piece, logprob, top, _binary_entropy(logprob)):
+                break
+        text_out, finish, stop = stream.finish(ended_by_eos=eos)
+        usage = Usage(prompt_tokens=len(prompt_ids), completion_tokens=len(stream.tokens), llm_requests=1)
+        return Completion(text_out, usage, tuple(stream.tokens), finish, stop, prompt_ids)
 
     def chat(self, messages: Sequence[Message], decoding: Decoding = Decoding()) -> Completion:
-        return self.complete(render(messages), decoding)
+        return self.complete(self.render(messages), decoding)
+
+    def render(self, messages: Sequence[Message]) -> str:
+        return render(messages)
 
     def score_labels(self, prompt: Prompt, labels: Sequence[str]) -> LabelScores:
-        text = render(as_messages(prompt))
+        """The probabilities of the first label rule whose pattern is found in the prompt (a label it
+        does not name gets 0); colliding labels are refused as in every back-end."""
+        label_plan(labels, self.tokenize)
+        if isinstance(prompt, TokenIds):
+            text = self.detokenize(prompt.ids)
+        else:
+            messages = as_messages(prompt)
+            text = messages[0].content if is_raw(messages) else self.render(messages)
         self.prompts.append(text)
         for pattern, probs in self.label_rules:
             if pattern.search(text):
                 return LabelScores(tuple(labels), tuple(float(probs.get(label, 0.0)) for label in labels),
-                                   Usage(prompt_tokens=len(text.split()), llm_requests=1))
+                                   Usage(prompt_tokens=len(split_words(text)) if text.strip() else 0,
+                                         llm_requests=1))
         raise BackendError(f"scripted LLM has no label rule for prompt: {text[:120]!r}")
 
-    def _respond(self, prompt: str) -> str:
+    # ----------------------------------------------------------------------------- tokenizer
+    def tokenize(self, text: str) -> list[int]:
+        return [self._register(p) for p in split_words(text)] if text.strip() else []
+
+    def detokenize(self, ids: Sequence[int]) -> str:
+        try:
+            return "".join(self._pieces[i] for i in ids)
+        except KeyError as exc:
+            raise ConfigError(f"token id {exc.args[0]} was never produced by this scripted LLM") from None
+
+    def _register(self, piece: str) -> int:
+        tid = token_id(piece)
+        self._pieces[tid] = piece
+        return tid
+
+    def _respond(self, prompt: str) -> str | ScriptedTokens:
         for rule in self.rules:
             if re.search(rule.pattern, prompt, re.S):
                 return rule.next(prompt)
@@ -79,8 +164,19 @@ class ScriptedLLM:
         raise BackendError(f"scripted LLM has no rule for prompt: {prompt[:120]!r}")
 
 
+def _binary_entropy(logprob: float) -> float:
+    """The scripted next-token distribution has two outcomes: the token, and everything else."""
+    p = math.exp(logprob)
+    return -sum(x * math.log(x) for x in (p, 1.0 - p) if x > 0)
+
+
+def _render_open(messages: Sequence[Message]) -> str:
+    return "".join(f"<{m.role}>\n{m.content}\n" for m in messages) + "<assistant>\n"
+
+
 def render(messages: Sequence[Message]) -> str:
-    """A plain rendering of chat messages, for back-ends without a template."""
+    """A plain rendering of chat messages, for back-ends without a template; a final assistant
+    message is continued."""
     if len(messages) == 1 and messages[0].role == "raw":
         return messages[0].content
-    return "\n".join(f"<{m.role}>\n{m.content}" for m in messages) + "\n<assistant>\n"
+    return render_continuing(messages, _render_open)

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from metarag.llm.base import Decoding
+from metarag.llm.base import Decoding, TokenIds
 from metarag.records import Message
 
 
@@ -22,19 +22,24 @@ class Search:
 
 @dataclass(frozen=True)
 class Ask:
-    """Generate text for `purpose` (answer, reason, rewrite ...). Sends back a `Completion`."""
+    """Generate text for `purpose` (answer, reason, rewrite ...). Sends back a `Completion`.
+
+    `prompt` is a conversation (a final assistant message is continued, not closed: FLARE resumes a
+    partial answer so), one message with role "raw" (no template), or `TokenIds` (the back-end's own
+    token ids, e.g. a prompt built from a previous Completion's `prompt_ids` and `token_ids`)."""
 
     purpose: str
-    prompt: tuple[Message, ...]
+    prompt: tuple[Message, ...] | TokenIds
     decoding: Decoding = Decoding()
 
 
 @dataclass(frozen=True)
 class Probe:
-    """Read the next-token probability of each label (yes/no judges). Sends back `LabelScores`."""
+    """Read the probability of each whole label as the continuation of `prompt` (yes/no judges,
+    reflection labels). Sends back `LabelScores`; read it with `LabelScores.p`. `prompt` as in Ask."""
 
     purpose: str
-    prompt: tuple[Message, ...]
+    prompt: tuple[Message, ...] | TokenIds
     labels: tuple[str, ...] = ("Yes", "No")
 
 
