@@ -1,0 +1,87 @@
+"""Many model requests to one back-end at once: `run_many` sends each round's pending Ask and Probe
+actions here. A back-end with `generate_batch` / `score_labels_batch` (transformers: one padded
+batch) gets them in one call; otherwise, with `workers` > 1, they go concurrently from a thread
+pool (an OpenAI-compatible server with parallel slots); otherwise in turn. A failed request fails
+only its own place in the result, which then holds the exception.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+from typing import TypeVar
+
+from metarag.errors import BackendError
+from metarag.llm.base import LLM, Decoding, Prompt, generate
+from metarag.records import Completion, LabelScores
+
+T = TypeVar("T")
+
+
+def generate_many(llm: LLM, prompts: Sequence[Prompt], decodings: Sequence[Decoding], *,
+                  workers: int = 1) -> list[Completion | Exception]:
+    """One completion (or the exception that stopped it) per prompt, in order."""
+    if len(prompts) != len(decodings):
+        raise ValueError(f"{len(prompts)} prompts but {len(decodings)} decodings")
+    if not prompts:
+        return []
+    from metarag.llm.cache import CachedLLM  # the cache answers what it holds and sends the rest back here
+
+    if isinstance(llm, CachedLLM):
+        return llm.generate_many(prompts, decodings, workers=workers)
+    batch = getattr(llm, "generate_batch", None)
+    if batch is not None:
+        return _whole(partial(batch, list(prompts), list(decodings)), len(prompts), "generate_batch")
+    return _each([partial(generate, llm, p, d) for p, d in zip(prompts, decodings)], workers)
+
+
+def score_many(llm: LLM, prompts: Sequence[Prompt], labels: Sequence[Sequence[str]], *,
+               workers: int = 1) -> list[LabelScores | Exception]:
+    """The label scores (or the exception) of each prompt against its own label set, in order. A
+    batching back-end gets one `score_labels_batch` call per distinct label set."""
+    if len(prompts) != len(labels):
+        raise ValueError(f"{len(prompts)} prompts but {len(labels)} label sets")
+    if not prompts:
+        return []
+    from metarag.llm.cache import CachedLLM
+
+    if isinstance(llm, CachedLLM):
+        return llm.score_many(prompts, labels, workers=workers)
+    batch = getattr(llm, "score_labels_batch", None)
+    if batch is None:
+        return _each([partial(llm.score_labels, p, tuple(ls)) for p, ls in zip(prompts, labels)], workers)
+    groups: dict[tuple[str, ...], list[int]] = {}
+    for i, label_set in enumerate(labels):
+        groups.setdefault(tuple(label_set), []).append(i)
+    out: list[LabelScores | Exception] = [BackendError("not scored")] * len(prompts)
+    for label_set, where in groups.items():
+        scored = _whole(partial(batch, [prompts[i] for i in where], label_set), len(where), "score_labels_batch")
+        for i, result in zip(where, scored):
+            out[i] = result
+    return out
+
+
+def _whole(call: Callable[[], Sequence[T]], n: int, name: str) -> list[T | Exception]:
+    """One batched call: its results, or its one exception in every place."""
+    try:
+        results = list(call())
+    except Exception as exc:  # recorded in each request's trace by the runner, like any failure
+        return [exc] * n
+    if len(results) != n:
+        error = BackendError(f"{name} returned {len(results)} results for {n} requests")
+        return [error] * n
+    return results
+
+
+def _each(calls: list[Callable[[], T]], workers: int) -> list[T | Exception]:
+    if workers <= 1 or len(calls) == 1:
+        return [_attempt(call) for call in calls]
+    with ThreadPoolExecutor(min(workers, len(calls)), thread_name_prefix="metarag-request") as pool:
+        return list(pool.map(_attempt, calls))
+
+
+def _attempt(call: Callable[[], T]) -> T | Exception:
+    try:
+        return call()
+    except Exception as exc:
+        return exc
