@@ -7,7 +7,6 @@ from metarag.evaluate.metrics import (
     AnswerScores,
     accuracy,
     exact_match,
-    extract_short_answer,
     normalize_answer,
     score_answer,
     support_recall,
@@ -15,6 +14,7 @@ from metarag.evaluate.metrics import (
     token_precision,
     token_recall,
 )
+from metarag.parsing import extract_short_answer
 
 # (prediction, golds, em, f1, precision, recall, acc), worked out by hand from the SQuAD / HotpotQA
 # rules: normalize (lower, drop ASCII punctuation, drop a/an/the, collapse spaces), count common

@@ -9,9 +9,10 @@ from metarag.errors import ConfigError, DataError
 from metarag.llm.scripted import ScriptedLLM
 from metarag.methods.actions import Search
 from metarag.methods.runner import Runtime, run
+from metarag.parsing import NO_IDS, parse_permutation
 from metarag.records import Hit, Passage, Question, Rerank, Retrieve, Usage
 from metarag.rerank.base import Reranker
-from metarag.rerank.listwise import NO_IDS, ListwiseReranker, ListwiseSettings, parse_permutation, sliding_windows
+from metarag.rerank.listwise import ListwiseReranker, ListwiseSettings, sliding_windows
 from metarag.rerank.pointwise import (
     CrossEncoderReranker,
     CrossEncoderSettings,

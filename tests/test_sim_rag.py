@@ -19,7 +19,8 @@ from metarag.errors import ConfigError
 from metarag.judges.critic import MANIFEST_FILE, LLMCritic, critic_text, load_critic
 from metarag.llm.scripted import ScriptedLLM
 from metarag.methods.runner import Runtime, run
-from metarag.methods.sim_rag import SimRAG, SimRAGSettings, build_critic, parse_answer, parse_query
+from metarag.methods.sim_rag import SimRAG, SimRAGSettings, build_critic
+from metarag.parsing import parse_answer_rationale, parse_query
 from metarag.records import Decide, Generate, Judge, Question, Retrieve
 from metarag.retrieve.memory import MemoryRetriever
 from metarag.settings import override
@@ -161,7 +162,7 @@ def test_bad_settings_fail_before_anything_runs(tmp_path):
     ("Answer: <unsure>\nRationale: <none>", "unsure", "<none>"),
 ])
 def test_parse_answer(text, answer, rationale):
-    assert parse_answer(text) == (answer, rationale)
+    assert parse_answer_rationale(text) == (answer, rationale)
 
 
 @pytest.mark.parametrize("text, query", [

@@ -2,8 +2,7 @@
 
 The harness scores every trace with these. Answer metrics follow the official SQuAD v1.1 and
 HotpotQA evaluation scripts (normalization, token F1, the yes/no rule) and FlashRAG's handling of
-gold aliases; `extract_short_answer` is the one fixed rule that turns free reasoning into a short
-answer, so no score depends on how a model happened to phrase its ending.
+gold aliases. Reading the answer out of a model's reply is `metarag.parsing`'s job, before scoring.
 """
 from __future__ import annotations
 
@@ -152,50 +151,3 @@ def support_recall(retrieved_ids: Iterable[str], supporting_ids: Iterable[str]) 
         return None
     return len(support & set(retrieved_ids)) / len(support)
 
-
-# "answer is" as whole words (not "answer isn't"), or "answer:" allowing markdown bold before the
-# colon ("**Answer:**", "**Final Answer**:"); "final answer:" is covered by the second form.
-_ANSWER_MARKER = re.compile(r"\banswer\s+is\b|\banswer\s*\**\s*:", re.IGNORECASE)
-_QUOTES_AND_MARKUP = "\"'`*_“”‘’«»"
-
-
-def _clean_short_answer(text: str) -> str:
-    """Strip what surrounds a short answer: whitespace, quotes, markdown emphasis, a leading colon,
-    trailing periods; repeated until nothing changes ("**"Paris".**" -> "Paris")."""
-    previous = None
-    while text != previous:
-        previous = text
-        text = text.strip().strip(_QUOTES_AND_MARKUP).lstrip(":").rstrip(".")
-    return text
-
-
-def _first_nonempty_line(text: str) -> str:
-    for line in text.splitlines():
-        cleaned = _clean_short_answer(line)
-        if cleaned:
-            return cleaned
-    return ""
-
-
-def marked_answer(text: str) -> str | None:
-    """The answer after the last answer marker that has one (see `extract_short_answer`), or None
-    when the text has no marked answer (e.g. reasoning cut off by the token budget)."""
-    for marker in reversed(list(_ANSWER_MARKER.finditer(text))):
-        answer = _first_nonempty_line(text[marker.end():])
-        if answer:
-            return answer
-    return None
-
-
-def extract_short_answer(text: str) -> str:
-    """Pull the short final answer out of a model's free text by one fixed rule (used by CoT).
-
-    If the text contains an answer marker ("answer is", "Answer:", "Final answer:", any case,
-    markdown bold allowed), take what follows the LAST marker in the whole text that has anything
-    after it; otherwise take the whole text. Of that, keep the first line that is non-empty once
-    cleaned, and clean it: strip surrounding whitespace, quotes and asterisks, a leading colon and
-    trailing periods. So "So the answer is: Paris." gives "Paris", "Answer:\\nParis" gives "Paris",
-    and reasoning that ends with "Final answer: 1990" gives "1990". Returns "" when nothing is left.
-    """
-    answer = marked_answer(text)
-    return answer if answer is not None else _first_nonempty_line(text)

@@ -12,9 +12,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from metarag.judges.base import Verdict
-from metarag.judges.parse import first_json_object, labelled_fields
 from metarag.llm.base import Decoding
-from metarag.methods.evidence import clean_answer, evidence_prompt
+from metarag.methods.evidence import evidence_prompt
+from metarag.parsing import clean_answer, parse_reasoning_check
 from metarag.records import Message
 
 EXPERT_TASK = ("Question: {question}\nCopy the shortest span of words from the passages that answers the "
@@ -32,7 +32,6 @@ REASONING_TASK = (
     "instead of a date), redundant (the answer contains extra words beyond the short answer).\n"
     "Reply in exactly this form:\nError: <none | flawed logic | misaligned | redundant>\n"
     "Feedback: <one sentence on how to fix the answer, or 'none'>")
-REASONING_ERRORS = ("none", "flawed logic", "misaligned", "redundant")
 
 
 def _yes_probability(runtime, prompt, labels=("Yes", "No")):
@@ -114,20 +113,3 @@ class ReasoningCheck:
             return Verdict("none", None, out.usage, detail="", fallback=f"unparseable: {out.text[:80]!r}")
         return Verdict(error, None, out.usage, detail=feedback)
 
-
-def parse_reasoning_check(text: str) -> tuple[str | None, str]:
-    """(error type, feedback) from `Error:`/`Feedback:` lines or a JSON object; error None when
-    neither names one of REASONING_ERRORS."""
-    data = first_json_object(text)
-    if data is not None:
-        fields = {str(k).lower(): str(v) for k, v in data.items()}
-    else:
-        fields = labelled_fields(text, ("error", "feedback"))
-    raw = fields.get("error", "").strip().strip(".").lower().replace("_", " ").replace("-", " ")
-    error = next((e for e in REASONING_ERRORS if raw == e or raw.startswith(e)), None)
-    if error is None and raw in ("no error", "no errors", "n/a", "no"):
-        error = "none"
-    feedback = fields.get("feedback", "").strip()
-    if feedback.lower() in ("none", "n/a", "-"):
-        feedback = ""
-    return error, feedback

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 from metarag.llm.base import Decoding
 from metarag.methods.actions import Ask
-from metarag.methods.evidence import clean_answer
 from metarag.methods.runner import Policy
+from metarag.parsing import clean_answer
 from metarag.records import Message, Question
 
 SYSTEM = ("You answer questions with a short answer only: a name, a date, a number, a short phrase, "

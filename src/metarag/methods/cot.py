@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from metarag.evaluate.metrics import extract_short_answer
 from metarag.llm.base import Decoding
 from metarag.methods.actions import Ask
 from metarag.methods.runner import Policy
+from metarag.parsing import extract_short_answer
 from metarag.records import Message, Question
 
 SYSTEM = ("Answer the question by reasoning step by step in a few short sentences. "

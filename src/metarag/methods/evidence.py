@@ -11,18 +11,6 @@ def format_passages(hits: Sequence[Hit]) -> str:
     return "\n\n".join(f"[{i}] {h.passage.title}\n{h.passage.text}" for i, h in enumerate(hits, 1))
 
 
-def clean_answer(text: str) -> str:
-    """A short answer as the model wrote it, trimmed to its first line without a closing period,
-    quotes or markdown emphasis; used where a prompt asks for the answer alone."""
-    line = next((ln for ln in text.strip().splitlines() if ln.strip()), "")
-    line = line.strip().strip("*").strip()
-    for prefix in ("answer:", "final answer:", "a:"):
-        if line.lower().startswith(prefix):
-            line = line[len(prefix):].strip()
-    line = line.strip().strip("\"'`*").strip()
-    return line[:-1].strip() if line.endswith(".") else line
-
-
 # One system line and the passages first, the varying task last: every prompt that a method and its
 # judges send over the same evidence then shares a prefix the back-end's KV cache reuses.
 EVIDENCE_SYSTEM = "You are a careful assistant for multi-hop question answering. Use the passages given."

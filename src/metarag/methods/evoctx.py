@@ -33,7 +33,6 @@ it, since without a trace there is nothing to place against the boundary.
 """
 from __future__ import annotations
 
-import re
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -45,8 +44,9 @@ from metarag.judges.boundary import RULES, BoundaryJudge, check_percentile, chec
 from metarag.llm.base import LLM, Decoding
 from metarag.llm.registry import LLMSpec, check_spec
 from metarag.methods.actions import Ask, Assess, Note, Probe, Search
-from metarag.methods.evidence import clean_answer, evidence_prompt, format_passages
+from metarag.methods.evidence import evidence_prompt, format_passages
 from metarag.methods.runner import Policy
+from metarag.parsing import clean_answer, parse_decision, strip_label
 from metarag.records import Hit, Passage, Question
 
 ACTIONS = ("RETRIEVE", "THINK", "ANSWER")
@@ -279,19 +279,6 @@ def format_subqueries(subqueries: Sequence[str]) -> str:
     return "\n".join(f"{i}. {u}" for i, u in enumerate(subqueries, 1)) if subqueries else "(none)"
 
 
-_LABEL = re.compile(r"^(?:next\s+)?(?:sub[-\s]?questions?|sub[-\s]?query|search\s+query|query|follow[-\s]?up)"
-                    r"\s*\d*\s*:\s*", re.IGNORECASE)
-
-
-def strip_label(text: str) -> str:
-    """A query or sub-question as written, first line only, without a leading label ("Query:",
-    "Sub-question 2:"), list number, quotes or markdown."""
-    line = next((ln.strip() for ln in text.strip().splitlines() if ln.strip()), "")
-    line = line.strip("*`\"' ")
-    line = re.sub(r"^\d+[.)]\s+", "", line)
-    return _LABEL.sub("", line).strip("*`\"' ")
-
-
 # ----------------------------------------------------------------------------- context budget
 def approx_tokens(text: str) -> int:
     """Tokens of `text` as whitespace words × 3/2, rounded up (see TOKENS_PER_WORD)."""
@@ -360,38 +347,6 @@ def truncate_passage(passage: Passage, tokens: int) -> Passage | None:
 
 
 # ----------------------------------------------------------------------------- decision model
-# "Action:" anywhere (small models often end the reasoning line with it), not inside a word ("reaction:").
-_ACTION = re.compile(r"(?<![A-Za-z])action[*_\s]*:[*_\s]*([A-Za-z]+)", re.IGNORECASE)
-_REASONING_LABEL = re.compile(r"^[\W_]*reasoning[\W_]*:[*_\s]*", re.IGNORECASE)
-_THINK_TAGS = re.compile(r"</?think>", re.IGNORECASE)
-_WORD = re.compile(r"[A-Za-z]+")
-
-
-def parse_decision(text: str) -> tuple[str | None, str]:
-    """(proposed action, reasoning trace) from the decision model's reply, by fixed rules.
-
-    Action: the word after the last "Action:" label (any case, markdown ignored, on its own line or
-    at the end of the reasoning) when it is one of ACTIONS; without any label, for a bare reply, the
-    first word of the text when it is one of them; else None (the caller records its fallback).
-    Reasoning: the text without the "Action: <word>" labels, <think> tags, a leading "Reasoning:"
-    label and lines without a letter or digit, its lines joined; "" when nothing is left.
-    """
-    text = _THINK_TAGS.sub("\n", text)
-    action = None
-    labelled = list(_ACTION.finditer(text))
-    if labelled:
-        word = labelled[-1].group(1).upper()
-        action = word if word in ACTIONS else None
-        text = _ACTION.sub("\n", text)
-    else:
-        first = _WORD.search(text)
-        if first is not None and first.group(0).upper() in ACTIONS:
-            action = first.group(0).upper()
-            text = text[first.end():]
-    lines = [_REASONING_LABEL.sub("", ln).strip() for ln in text.splitlines()]
-    return action, " ".join(ln for ln in lines if any(ch.isalnum() for ch in ln)).strip()
-
-
 class DecisionModel:
     """f_dec(Q, C, U): the decision model writes its reasoning trace and proposes an action.
 
@@ -415,7 +370,7 @@ class DecisionModel:
             question=inputs["question"], subqueries=inputs.get("subqueries", "(none)"))
         prompt = evidence_prompt(str(inputs.get("passages", "")), task)
         out = self.llm(runtime).chat(prompt, Decoding(max_tokens=self.max_tokens))
-        action, reasoning = parse_decision(out.text)
+        action, reasoning = parse_decision(out.text, ACTIONS)
         if action is None:
             return Verdict("THINK", None, out.usage, detail=reasoning,
                            fallback=f"unparseable action: {out.text[-80:]!r}")

@@ -28,9 +28,10 @@ from dataclasses import dataclass
 from metarag.errors import ConfigError
 from metarag.llm.base import Decoding
 from metarag.methods.actions import Ask, Note, Search
-from metarag.methods.evidence import clean_answer, evidence_prompt, format_passages
-from metarag.methods.evoctx import CONTEXT_KEEP, extend_context, strip_label
+from metarag.methods.evidence import evidence_prompt, format_passages
+from metarag.methods.evoctx import CONTEXT_KEEP, extend_context
 from metarag.methods.runner import Policy
+from metarag.parsing import clean_answer, final_after, parse_step
 from metarag.records import Hit, Question
 
 STEP_TASK = (
@@ -52,10 +53,6 @@ FINAL_TASK = (
     "name, a date, a number, a short phrase, or yes/no. Do not explain.\nShort answer:")
 
 ON_REPEAT = ("answer", "retrieve")
-
-_FINAL = re.compile(r"so\s+the\s+final\s+answer\s+is\s*:?", re.IGNORECASE)
-# "Follow up:" anywhere, not inside a word; "Are follow up questions needed here:" is no label.
-_FOLLOW_UP = re.compile(r"(?<![A-Za-z])follow[-\s]?up(?:\s+question)?[*_\s]*:[*_\s]*", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -155,41 +152,6 @@ def format_chain(chain: list[tuple[str, str]]) -> str:
     return "".join(f"Follow up: {q}\nIntermediate answer: {a}\n" for q, a in chain)
 
 
-def final_after(text: str) -> str:
-    """The answer after the reply's first "So the final answer is:" label, cleaned; "" without one."""
-    final = _FINAL.search(text)
-    return clean_answer(text[final.end():]) if final else ""
-
-
 def _norm(text: str) -> str:
     return " ".join(re.findall(r"\w+", text.lower()))
 
-
-def parse_step(text: str) -> tuple[str, str, bool]:
-    """(kind, text, unlabelled) of one IterDRAG step reply, by fixed rules.
-
-    Of the labels "Follow up:" and "So the final answer is:" (any case, anywhere), the first one
-    written counts: models often write a follow-up and then guess the final answer in the same
-    reply, and self-ask stops at the follow-up to retrieve for it.
-    1. "Follow up: Q" first -> ("follow-up", Q), Q being the rest of its line (cut at a final-answer
-       label on the same line);
-    2. "So the final answer is: X" first, X not empty -> ("final", X cleaned);
-    3. no label: the first non-empty line, label-stripped, is the follow-up -> ("follow-up", line, True);
-    4. nothing readable, or a final-answer label with nothing after it -> ("final-prompt", ""): the
-       caller asks for the final answer with the final prompt.
-    """
-    final = _FINAL.search(text)
-    follow = _FOLLOW_UP.search(text)
-    if follow and (final is None or follow.start() < final.start()):
-        line = text[follow.end():].split("\n", 1)[0]
-        cut = _FINAL.search(line)
-        query = strip_label(line[:cut.start()] if cut else line)
-        if query:
-            return "follow-up", query, False
-    if final:
-        answer = final_after(text)
-        return ("final", answer, False) if answer else ("final-prompt", "", False)
-    line = strip_label(text)
-    if line:
-        return "follow-up", line, True
-    return "final-prompt", "", True

@@ -28,14 +28,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from metarag.evaluate.metrics import marked_answer
 from metarag.judges.llm_judges import ReasoningCheck, external_sufficiency, internal_sufficiency
 from metarag.judges.models import make_entailment, make_expert
 from metarag.judges.similarity import AnswerSimilarity
 from metarag.llm.base import Decoding
 from metarag.methods.actions import Ask, Assess, Note, Search
-from metarag.methods.evidence import clean_answer, evidence_prompt, format_passages
+from metarag.methods.evidence import evidence_prompt, format_passages
 from metarag.methods.runner import Policy
+from metarag.parsing import clean_answer, marked_answer
 from metarag.records import Hit, Message, Question
 
 REASON_TASK = ("Question: {question}\n{guidance}"

@@ -20,18 +20,16 @@ follow-up search finds nothing new (greedy decoding would repeat the same answer
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 from metarag.errors import ConfigError
-from metarag.evaluate.metrics import extract_short_answer
 from metarag.judges.base import Judge
 from metarag.judges.critic import ACCEPT, LLMCritic, TrainedCritic
-from metarag.judges.parse import first_json_object
 from metarag.llm.base import Decoding
 from metarag.methods.actions import Ask, Assess, Note, Search
-from metarag.methods.evidence import clean_answer, evidence_prompt, format_passages
+from metarag.methods.evidence import evidence_prompt, format_passages
 from metarag.methods.runner import Policy
+from metarag.parsing import parse_answer_rationale, parse_query
 from metarag.records import Hit, Message, Question
 
 # The official reasoner prompt (force_answer_prompt and its "Answer: / Rationale:" format), put after
@@ -47,10 +45,6 @@ QUERY_TASK = ("Question: {question}\n"
               "The passages above are not enough to answer the question. Write one search query for a single "
               "entity or fact the question needs that the passages do not cover yet. Do not repeat a passage "
               "title. Reply with the search query only.")
-
-_ANSWER_LINE = re.compile(r"^[\W_]*answer[\W_]*:(.*)$", re.IGNORECASE | re.MULTILINE)
-_RATIONALE_LINE = re.compile(r"^[\W_]*rationale[\W_]*:", re.IGNORECASE | re.MULTILINE)
-_QUERY_PREFIX = re.compile(r"^(?:search\s+query|query)\s*:\s*", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -107,56 +101,6 @@ def query_prompt(question: str, passages: str) -> tuple[Message, ...]:
     return evidence_prompt(passages, QUERY_TASK.format(question=question))
 
 
-def parse_answer(text: str) -> tuple[str, str]:
-    """(short answer, rationale) from the reasoner's reply, by one fixed rule.
-
-    The answer is the rest of the first line that starts with "Answer:" (markdown ignored), cleaned
-    as `extract_short_answer` cleans (quotes, emphasis, closing period) and of the format's
-    placeholder brackets ("<unsure>" -> "unsure"); the rationale is everything
-    after the first "Rationale:" label up to the next "Answer:" line. Without an "Answer:" line the
-    answer is `extract_short_answer` of the whole reply (its "the answer is ..." rule) and the
-    rationale is the whole reply.
-    """
-    answer_match = _ANSWER_LINE.search(text)
-    rationale_match = _RATIONALE_LINE.search(text)
-    rationale = ""
-    if rationale_match:
-        rest = text[rationale_match.end():]
-        next_answer = _ANSWER_LINE.search(rest)
-        rationale = (rest[:next_answer.start()] if next_answer else rest).strip().lstrip("*_").strip()
-    if answer_match is None:
-        return extract_short_answer(text), rationale or text.strip()
-    answer = extract_short_answer(answer_match.group(1))
-    if not answer:  # "Answer:" alone on its line, the answer on the next one
-        following = text[answer_match.end():]
-        cut = _RATIONALE_LINE.search(following)
-        answer = extract_short_answer(following[:cut.start()] if cut else following)
-    if not rationale:
-        rationale = (text[:answer_match.start()] + text[answer_match.end():]).strip()
-    # Small models copy the format's placeholder brackets: "Answer: <unsure>".
-    if len(answer) > 2 and answer.startswith("<") and answer.endswith(">"):
-        answer = answer[1:-1].strip()
-    return answer, rationale
-
-
-def parse_query(text: str) -> str:
-    """The search query in the reply: a JSON object's "search_query" (the official format), else the
-    first line that is not empty once stripped of a "Query:" label, quotes, code fences and markdown.
-    "" when there is none."""
-    data = first_json_object(text)
-    if data is not None:
-        value = data.get("search_query", data.get("query"))
-        if isinstance(value, str) and value.strip():
-            return value.strip()
-    for line in text.splitlines():
-        if line.strip().startswith("```"):
-            continue
-        query = clean_answer(_QUERY_PREFIX.sub("", clean_answer(line)))
-        if query:
-            return query
-    return ""
-
-
 class SimRAG:
     """SIM-RAG: answer, let the critic accept or reject, search again on rejection (see the module)."""
 
@@ -174,7 +118,9 @@ class SimRAG:
             passages = format_passages(hits)
             completion = yield Ask("answer", reasoner_prompt(question.text, passages),
                                    Decoding(max_tokens=s.max_tokens))
-            answer, rationale = parse_answer(completion.text)
+            answer, rationale = parse_answer_rationale(completion.text)
+            if not answer:  # nothing readable, or only the format's placeholder echoed: the critic judges ""
+                yield Note("sim-rag-answer", "no-answer", (("turn", float(turn)),))
             verdict = yield Assess(self.critic, {"question": question.text, "passages": passages,
                                                  "answer": answer, "rationale": rationale})
             accepted = verdict.verdict == ACCEPT

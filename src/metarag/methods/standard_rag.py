@@ -11,8 +11,9 @@ from dataclasses import dataclass
 
 from metarag.llm.base import Decoding
 from metarag.methods.actions import Ask, Search
-from metarag.methods.evidence import clean_answer, format_passages
+from metarag.methods.evidence import format_passages
 from metarag.methods.runner import Policy
+from metarag.parsing import clean_answer
 from metarag.records import Message, Question
 
 SYSTEM = ("Answer the question using the passages. Give a short answer only: a name, a date, a number, "

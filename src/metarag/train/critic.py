@@ -46,7 +46,8 @@ from metarag.judges.critic import (
 )
 from metarag.llm.base import LLM, Decoding, generate
 from metarag.methods.evidence import format_passages
-from metarag.methods.sim_rag import SimRAGSettings, parse_answer, reasoner_prompt
+from metarag.methods.sim_rag import SimRAGSettings, reasoner_prompt
+from metarag.parsing import parse_answer_rationale
 from metarag.records import Question
 from metarag.retrieve.base import Retriever
 
@@ -158,7 +159,7 @@ def self_practice(dataset: Dataset, llm: LLM, retriever: Retriever | None,
         for n in sizes:
             passages = format_passages(hits[:n])
             completion = generate(llm, reasoner_prompt(question.text, passages), decoding)
-            answer, rationale = parse_answer(completion.text)
+            answer, rationale = parse_answer_rationale(completion.text)
             example = _labelled(dataset.name, question, passages, min(n, len(hits)), answer, rationale, settings)
             examples.append(example)
             if on_example is not None:

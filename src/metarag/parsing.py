@@ -1,0 +1,507 @@
+"""Every rule that reads model output: short answers, cleaners, yes/no and labelled verdicts, JSON
+objects, the self-ask / IterDRAG step format, EvoCtx's actions and listwise rankings.
+
+Below `methods/`, `judges/` and `rerank/` (stdlib only). Each reader follows one explicit rule,
+never raises on any text, never runs code from the text, and runs in time linear in its length:
+a reader either finds what it reads in its place, or returns its documented "nothing" value, for
+the caller's recorded fallback.
+"""
+from __future__ import annotations
+
+import bisect
+import json
+import re
+from collections.abc import Collection
+
+# ----------------------------------------------------------------------------------- cleaners
+# What may surround a short answer: whitespace, quotes, markdown emphasis, a format's placeholder
+# brackets; leading colons (after a label), trailing periods.
+_MARKUP = "\"'`*_“”‘’«»<>"
+_TRAILING = _MARKUP + "."
+# A leading answer label, markup and colons around it, repeated ("A: Answer: Paris", "**Answer:** x",
+# "So the final answer is: x"), matched in one pass so an adversarial prefix costs linear time.
+_LEADING = re.compile(
+    r"(?:[\s\"'`*_“”‘’«»<>:]"
+    r"|(?:so[^\S\n]+)?(?:the[^\S\n]+)?(?:(?:final|short|intermediate)[^\S\n]+)?answer(?:[^\S\n]+is)?[\s*_]*:"
+    r"|a[^\S\n]*:)*",
+    re.IGNORECASE)
+
+# The placeholders the prompts' answer formats show (`<short answer>`, "(a name, a date, a number, a
+# short phrase, or yes/no)"): a reply that only echoes one is no answer. Compared as lowercase words.
+PLACEHOLDERS = frozenset({
+    "a name a date a number a short phrase or yes no",
+    "the short answer a name a date a number a short phrase or yes no",
+    "short answer", "the short answer", "your short answer", "answer", "the answer", "your answer",
+    "final answer", "the final answer", "short answer only",
+})
+_PLACEHOLDER_HEAD = "a name a date a number"
+_WORDS = re.compile(r"[0-9a-z]+")
+
+
+def is_placeholder(text: str) -> bool:
+    """True when `text` (already cleaned) only echoes an answer format's placeholder, e.g. "a name, a
+    date, a number, a short phrase, or yes/no" or "short answer"; "yes" or "unsure" are answers."""
+    words = " ".join(_WORDS.findall(text.lower()))
+    return words in PLACEHOLDERS or _PLACEHOLDER_HEAD in words
+
+
+def clean_line(text: str) -> str:
+    """One line of a short answer without what surrounds it: whitespace, quotes, markdown emphasis,
+    placeholder brackets, leading answer labels and colons ("A: Answer:"), trailing periods.
+    Idempotent; "" when nothing is left."""
+    previous = None
+    while text != previous:
+        previous = text
+        text = text[_LEADING.match(text).end():]
+        end = len(text)
+        while end and (text[end - 1] in _TRAILING or text[end - 1].isspace()):
+            end -= 1
+        text = text[:end]
+    return text
+
+
+def clean_answer(text: str) -> str:
+    """The short answer in a reply to a prompt that asked for the answer alone: the first line that
+    is not empty once cleaned (`clean_line`) and is not an echoed placeholder; "" when there is none.
+
+    '"Paris".' -> 'Paris', '*Paris*.' -> 'Paris', 'A: Answer: Paris' -> 'Paris', 'answer:\\nParis' ->
+    'Paris'. Idempotent.
+    """
+    for line in text.splitlines():
+        cleaned = clean_line(line)
+        if cleaned and not is_placeholder(cleaned):
+            return cleaned
+    return ""
+
+
+# ------------------------------------------------------------------------------- short answers
+# "answer:" / "answer is:" (markdown allowed before the colon: "**Answer:**", "**Final Answer**:") is
+# an explicit answer label; "answer is" without a colon is an answer phrase ("the answer is Paris"),
+# not "answer isn't". Not inside a word ("reanswer:").
+_ANSWER_MARKER = re.compile(r"(?<![A-Za-z])answer(?P<is>\s+is(?![\w'’]))?(?P<colon>[\s*_]*:)?", re.IGNORECASE)
+# At most this many answer markers are tried, from the last: a reply of thousands of empty markers
+# costs linear time, and is read as having no marked answer.
+_MAX_MARKERS_TRIED = 64
+
+
+class _Lines:
+    """A text's lines (as `str.splitlines` cuts them) with their start offsets and cleaned forms."""
+
+    def __init__(self, text: str):
+        self.text = text
+        self.lines = text.splitlines()
+        self.starts: list[int] = []
+        offset = 0
+        for raw in text.splitlines(keepends=True):
+            self.starts.append(offset)
+            offset += len(raw)
+        self._next: list[int] | None = None
+        self._cleaned: list[str] | None = None
+
+    def cleaned(self, i: int) -> str:
+        if self._cleaned is None:
+            self._cleaned = [clean_line(line) for line in self.lines]
+        return self._cleaned[i]
+
+    def next_answer_line(self, i: int) -> int | None:
+        """The index of the first line at or after `i` whose cleaned form is an answer, or None."""
+        if self._next is None:
+            nxt: list[int] = [-1] * (len(self.lines) + 1)
+            for j in range(len(self.lines) - 1, -1, -1):
+                c = self.cleaned(j)
+                nxt[j] = j if c and not is_placeholder(c) else nxt[j + 1]
+            self._next = nxt
+        j = self._next[i] if i < len(self._next) else -1
+        return None if j < 0 else j
+
+    def line_of(self, pos: int) -> int:
+        return max(0, bisect.bisect_right(self.starts, pos) - 1)
+
+    def line_end(self, i: int) -> int:
+        return self.starts[i] + len(self.lines[i]) if self.lines else 0
+
+
+def _marker_answer(lines: _Lines, end: int) -> tuple[str, int] | None:
+    """(answer, index of the line it is on) for the marker ending at offset `end`: the cleaned rest
+    of the marker's line, else the next line that holds an answer; None when neither does."""
+    if not lines.lines:
+        return None
+    i = lines.line_of(end)
+    rest = clean_line(lines.text[end:lines.line_end(i)]) if end < lines.line_end(i) else ""
+    if rest and not is_placeholder(rest):
+        return rest, i
+    j = lines.next_answer_line(i + 1)
+    return (lines.cleaned(j), j) if j is not None else None
+
+
+def _last_marked(lines: _Lines, markers: list[re.Match[str]]) -> tuple[str, int, re.Match[str]] | None:
+    for marker in reversed(markers[-_MAX_MARKERS_TRIED:]):
+        found = _marker_answer(lines, marker.end())
+        if found is not None:
+            return found[0], found[1], marker
+    return None
+
+
+def marked_answer(text: str) -> str | None:
+    """The answer a reply marks, or None when it marks none (e.g. reasoning cut off by the token budget).
+
+    Markers are "answer is" and "answer:" (any case, markdown allowed); a marker's answer is the
+    cleaned rest of its line, or the next line holding an answer when the rest is empty. Rules:
+    (1) an explicit label ("Answer:", "Final answer:", "So the answer is:") wins over a later
+    phrase: of the explicit labels with an answer the last counts, and within its line a later
+    marker still takes over ("Answer: the answer is Paris" -> "Paris"), but the next lines do not
+    ("Answer: the Police.\\nThis answer is correct." -> "the Police"); (2) without one, the last
+    "answer is" phrase with an answer. An echoed format placeholder is no answer.
+    """
+    markers = [m for m in _ANSWER_MARKER.finditer(text) if m.group("is") or m.group("colon")]
+    if not markers:
+        return None
+    lines = _Lines(text)
+    explicit = _last_marked(lines, [m for m in markers if m.group("colon")])
+    if explicit is not None:
+        answer, line, label = explicit
+        end = lines.line_end(line)
+        later = [m for m in markers if label.start() < m.start() and m.end() <= end]
+        found = _last_marked(lines, later)
+        return found[0] if found is not None and found[1] <= line else answer
+    found = _last_marked(lines, markers)
+    return found[0] if found is not None else None
+
+
+def extract_short_answer(text: str) -> str:
+    """The short final answer in a model's free text, by one fixed rule (CoT, MetaRAG, SIM-RAG).
+
+    The answer `marked_answer` finds; without one, the first line of the text that is an answer once
+    cleaned (`clean_line`: quotes, emphasis, labels, closing period). So "So the answer is: Paris."
+    gives "Paris", "Answer:\\nParis" gives "Paris", reasoning ending "Final answer: 1990" gives
+    "1990"; "Answer:" alone, or an echo of the format's placeholder, gives "" (no answer).
+    """
+    answer = marked_answer(text)
+    return answer if answer is not None else clean_answer(text)
+
+
+# ------------------------------------------------------------------ SIM-RAG's Answer / Rationale
+_ANSWER_LINE = re.compile(r"^(?:[^\w\n]|_)*answer(?:[^\w\n]|_)*:(.*)$", re.IGNORECASE | re.MULTILINE)
+_RATIONALE_LINE = re.compile(r"^(?:[^\w\n]|_)*rationale(?:[^\w\n]|_)*:", re.IGNORECASE | re.MULTILINE)
+
+
+def parse_answer_rationale(text: str) -> tuple[str, str]:
+    """(short answer, rationale) from a reply in SIM-RAG's `Answer:` / `Rationale:` format.
+
+    The answer is the rest of the first line that starts with "Answer:" (markdown ignored), read by
+    `extract_short_answer` (so "<unsure>" -> "unsure"), or the next line when that rest is empty; the
+    rationale is everything after the first "Rationale:" label up to the next "Answer:" line.
+    Without an "Answer:" line the answer is `extract_short_answer` of the whole reply and the
+    rationale the whole reply. An echoed placeholder gives the answer "" (the caller records it).
+    """
+    answer_match = _ANSWER_LINE.search(text)
+    rationale_match = _RATIONALE_LINE.search(text)
+    rationale = ""
+    if rationale_match:
+        rest = text[rationale_match.end():]
+        next_answer = _ANSWER_LINE.search(rest)
+        rationale = (rest[:next_answer.start()] if next_answer else rest).strip().lstrip("*_").strip()
+    if answer_match is None:
+        return extract_short_answer(text), rationale or text.strip()
+    answer = extract_short_answer(answer_match.group(1))
+    if not answer and not is_placeholder(clean_line(answer_match.group(1))):
+        following = text[answer_match.end():]  # "Answer:" alone on its line, the answer on the next one
+        cut = _RATIONALE_LINE.search(following)
+        answer = extract_short_answer(following[:cut.start()] if cut else following)
+    if not rationale:
+        rationale = (text[:answer_match.start()] + text[answer_match.end():]).strip()
+    return answer, rationale
+
+
+_QUERY_PREFIX = re.compile(r"^(?:search\s+query|query)\s*:\s*", re.IGNORECASE)
+
+
+def parse_query(text: str) -> str:
+    """The search query in a reply: a JSON object's "search_query" (SIM-RAG's official format), else
+    the first line that is not empty once stripped of a "Query:" label, quotes, code fences and
+    markdown. "" when there is none."""
+    data = first_json_object(text)
+    if data is not None:
+        value = data.get("search_query", data.get("query"))
+        if isinstance(value, str) and value.strip():
+            return value.strip()
+    for line in text.splitlines():
+        if line.strip().startswith("```"):
+            continue
+        query = clean_line(_QUERY_PREFIX.sub("", clean_line(line)))
+        if query:
+            return query
+    return ""
+
+
+# ------------------------------------------------------------------------------------ verdicts
+_FIRST_WORD = re.compile(r"[A-Za-z]+")
+_LABELLED = re.compile(r"^[^\w\n]*(?:final\s+)?(?:answer|verdict|decision|judgement|judgment)\s*[:\-]\s*(\w+)",
+                       re.IGNORECASE | re.MULTILINE)
+_YES = {"yes", "true", "correct", "entailed", "sufficient"}
+_NO = {"no", "false", "incorrect", "insufficient"}
+
+
+def parse_yes_no(text: str) -> bool | None:
+    """True / False when the text gives a yes/no verdict, None when it does not.
+
+    Rules, in order: (1) the first word of the text (markdown and punctuation ignored) is a verdict
+    word ("Yes", "No.", "**No**"); (2) a labelled line "Answer: yes" / "Verdict: No". Anything else —
+    "I cannot say no", "Not sure", an empty reply — is None, for the caller's recorded default.
+    """
+    first = _FIRST_WORD.search(text)
+    if first:
+        word = first.group(0).lower()
+        if word in _YES:
+            return True
+        if word in _NO:
+            return False
+    match = _LABELLED.search(text)
+    if match:
+        word = match.group(1).lower()
+        if word in _YES:
+            return True
+        if word in _NO:
+            return False
+    return None
+
+
+def labelled_fields(text: str, names: tuple[str, ...]) -> dict[str, str]:
+    """`Name: value` lines for the given field names (case-insensitive, markdown bold ignored)."""
+    found: dict[str, str] = {}
+    for line in text.splitlines():
+        clean = line.strip().replace("**", "").lstrip("-*# ").strip()
+        key, sep, value = clean.partition(":")
+        key = key.strip().lower()
+        if sep and key in names and key not in found:
+            found[key] = value.strip()
+    return found
+
+
+REASONING_ERRORS = ("none", "flawed logic", "misaligned", "redundant")
+_NO_ERROR = ("no error", "no errors", "n/a", "no")
+
+
+def parse_reasoning_check(text: str) -> tuple[str | None, str]:
+    """(error type, feedback) from MetaRAG's reasoning check: `Error:` / `Feedback:` lines or a JSON
+    object with those keys. The error is one of REASONING_ERRORS, or None when the reply names none
+    of them (an echo of the whole list "none | flawed logic | ..." names none); the format's
+    placeholder brackets are accepted ("Error: <none>" is "none")."""
+    data = first_json_object(text)
+    if data is not None:
+        fields = {str(k).lower(): str(v) for k, v in data.items()}
+    else:
+        fields = labelled_fields(text, ("error", "feedback"))
+    raw = fields.get("error", "").strip().strip("<>[]()*`\"' ").strip(".").lower()
+    raw = " ".join(raw.replace("_", " ").replace("-", " ").split())
+    error = None
+    if "|" not in raw:
+        error = next((e for e in REASONING_ERRORS if raw == e or raw.startswith(e)), None)
+        if error is None and raw in _NO_ERROR:
+            error = "none"
+    feedback = fields.get("feedback", "").strip().strip("<>").strip()
+    if feedback.lower() in ("none", "n/a", "-"):
+        feedback = ""
+    return error, feedback
+
+
+# ----------------------------------------------------------------------------------------- JSON
+def first_json_object(text: str) -> dict | None:
+    """The first balanced {...} in the text that parses as a JSON object (code fences and prose
+    around it ignored), or None. Linear time: braces are matched in one pass (strings respected),
+    each outermost span is parsed once, and nested spans are tried only within a budget of
+    characters proportional to the text; nesting too deep for the JSON parser is not an object."""
+    budget = 2 * len(text) + 1024
+    start = text.find("{")
+    while start != -1 and budget > 0:
+        spans, end, scanned = _brace_spans(text, start)
+        budget -= scanned
+        for s, e in spans:  # outer spans first, then nested ones, by start
+            if budget <= 0:
+                return None
+            budget -= e - s
+            value = _json_object(text[s:e + 1])
+            if value is not None:
+                return value
+        # after a closed outermost span, go on after it; after an unterminated one (an open
+        # string swallowed the rest), start again at the next brace
+        start = text.find("{", end + 1 if end is not None else start + 1)
+    return None
+
+
+def _brace_spans(text: str, start: int) -> tuple[list[tuple[int, int]], int | None, int]:
+    """Closed {...} spans met scanning from the brace at `start` until its match (sorted by start),
+    the offset of that match (None when the text ends first), and the characters scanned."""
+    stack: list[int] = []
+    spans: list[tuple[int, int]] = []
+    in_string = escaped = False
+    for pos in range(start, len(text)):
+        ch = text[pos]
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch == "{":
+            stack.append(pos)
+        elif ch == "}":
+            spans.append((stack.pop(), pos))
+            if not stack:
+                spans.sort()
+                return spans, pos, pos - start + 1
+    spans.sort()
+    return spans, None, len(text) - start
+
+
+def _json_object(candidate: str) -> dict | None:
+    try:
+        value = json.loads(candidate)
+    except (ValueError, RecursionError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+# -------------------------------------------------------------------- self-ask / IterDRAG steps
+_FINAL = re.compile(r"so\s+the\s+final\s+answer\s+is\s*:?", re.IGNORECASE)
+# "Follow up:" anywhere, not inside a word; "Are follow up questions needed here:" is no label.
+_FOLLOW_UP = re.compile(r"(?<![A-Za-z])follow[-\s]?up(?:\s+question)?[*_\s]*:[*_\s]*", re.IGNORECASE)
+STEP_KINDS = ("follow-up", "final", "final-prompt")
+
+_LABEL = re.compile(r"^(?:next\s+)?(?:sub[-\s]?questions?|sub[-\s]?query|search\s+query|query|follow[-\s]?up)"
+                    r"\s*\d*\s*:\s*", re.IGNORECASE)
+_LIST_NUMBER = re.compile(r"^\d+[.)]\s+")
+
+
+def strip_label(text: str) -> str:
+    """A query or sub-question as written, first line only, without a leading label ("Query:",
+    "Sub-question 2:"), list number, quotes or markdown."""
+    line = next((ln.strip() for ln in text.strip().splitlines() if ln.strip()), "")
+    line = line.strip("*`\"' ")
+    line = _LIST_NUMBER.sub("", line)
+    return _LABEL.sub("", line).strip("*`\"' ")
+
+
+def final_after(text: str) -> str:
+    """The answer after the reply's first "So the final answer is:" label, cleaned; "" without one."""
+    final = _FINAL.search(text)
+    return clean_answer(text[final.end():]) if final else ""
+
+
+def parse_step(text: str) -> tuple[str, str, bool]:
+    """(kind, text, unlabelled) of one self-ask / IterDRAG step reply, by fixed rules; kind is one of
+    STEP_KINDS.
+
+    Of the labels "Follow up:" and "So the final answer is:" (any case, anywhere), the first one
+    written counts: models often write a follow-up and then guess the final answer in the same
+    reply, and self-ask stops at the follow-up to retrieve for it.
+    1. "Follow up: Q" first -> ("follow-up", Q), Q being the rest of its line (cut at a final-answer
+       label on the same line);
+    2. "So the final answer is: X" first, X not empty -> ("final", X cleaned);
+    3. no label: the first non-empty line, label-stripped, is the follow-up -> ("follow-up", line, True);
+    4. nothing readable, or a final-answer label with nothing after it -> ("final-prompt", ""): the
+       caller asks for the final answer with the final prompt.
+    """
+    final = _FINAL.search(text)
+    follow = _FOLLOW_UP.search(text)
+    if follow and (final is None or follow.start() < final.start()):
+        line = text[follow.end():].split("\n", 1)[0]
+        cut = _FINAL.search(line)
+        query = strip_label(line[:cut.start()] if cut else line)
+        if query:
+            return "follow-up", query, False
+    if final:
+        answer = final_after(text)
+        return ("final", answer, False) if answer else ("final-prompt", "", False)
+    line = strip_label(text)
+    if line:
+        return "follow-up", line, True
+    return "final-prompt", "", True
+
+
+# ------------------------------------------------------------------------- EvoCtx's decisions
+# "Action:" anywhere (small models often end the reasoning line with it), not inside a word ("reaction:").
+_ACTION = re.compile(r"(?<![A-Za-z])action[*_\s]*:[*_\s]*([A-Za-z]+)", re.IGNORECASE)
+_REASONING_LABEL = re.compile(r"^(?:[^\w\n]|_)*reasoning(?:[^\w\n]|_)*:[*_\s]*", re.IGNORECASE)
+_THINK_TAGS = re.compile(r"</?think>", re.IGNORECASE)
+DECISION_ACTIONS = ("RETRIEVE", "THINK", "ANSWER")
+
+
+def parse_decision(text: str, actions: Collection[str] = DECISION_ACTIONS) -> tuple[str | None, str]:
+    """(proposed action, reasoning trace) from a decision model's reply, by fixed rules.
+
+    Action: the word after the last "Action:" label (any case, markdown ignored, on its own line or
+    at the end of the reasoning) when it is one of `actions` (upper case; EvoCtx's by default);
+    without any label, for a bare reply, the first word of the text when it is one of them; else
+    None (the caller records its fallback). Reasoning: the text without the "Action: <word>" labels,
+    <think> tags, a leading "Reasoning:" label and lines without a letter or digit, its lines
+    joined; "" when nothing is left.
+    """
+    text = _THINK_TAGS.sub("\n", text)
+    action = None
+    labelled = list(_ACTION.finditer(text))
+    if labelled:
+        word = labelled[-1].group(1).upper()
+        action = word if word in actions else None
+        text = _ACTION.sub("\n", text)
+    else:
+        first = _FIRST_WORD.search(text)
+        if first is not None and first.group(0).upper() in actions:
+            action = first.group(0).upper()
+            text = text[first.end():]
+    lines = [_REASONING_LABEL.sub("", ln).strip() for ln in text.splitlines()]
+    return action, " ".join(ln for ln in lines if any(ch.isalnum() for ch in ln)).strip()
+
+
+# ---------------------------------------------------------------------------- listwise rankings
+_BRACKETED_ID = re.compile(r"\[\s*(\d+)\s*\]")                       # 1. every "[k]", in order
+_BARE_CHAIN = re.compile(r"(?<!\d)\d++(?:\s*+[>,]\s*+\d++)+")        # 2. else the first "3 > 1 > 2"
+_NUMBER = re.compile(r"\d+")
+# Ids longer than this are out of range for any window; they are never converted with int(), which
+# refuses strings of more than 4,300 digits.
+_MAX_ID_DIGITS = 6
+NO_IDS = "no valid passage ids in the answer"
+
+
+def parse_permutation(text: str, n: int) -> tuple[list[int], list[str]]:
+    """The order a listwise answer gives to passages [1] ... [n], as 0-based indices, and its problems.
+
+    Rules: take every bracketed id "[k]" in order of appearance; if there is none, take the first
+    chain of bare numbers joined by ">" or "," ("3 > 1 > 2"); other text is ignored, so a lone
+    number in prose is not a ranking. Ids outside 1..n and repeats are dropped; passages the answer
+    does not mention follow the ranked ones in their original order, so the result is always a
+    permutation of range(n). Each repair is listed in the problems; NO_IDS among them means the
+    answer named no valid passage and the order is the original one.
+    """
+    tokens = _BRACKETED_ID.findall(text)
+    if not tokens:
+        chain = _BARE_CHAIN.search(text)
+        tokens = _NUMBER.findall(chain.group()) if chain else []
+    order: list[int] = []
+    ranked: set[int] = set()
+    out_of_range: list[str] = []
+    repeated: list[str] = []
+    for token in tokens:
+        number = int(token) if len(token) <= _MAX_ID_DIGITS else 0
+        if not 1 <= number <= n:
+            out_of_range.append(token if len(token) <= 12 else token[:12] + "...")
+        elif number - 1 in ranked:
+            repeated.append(token)
+        else:
+            order.append(number - 1)
+            ranked.add(number - 1)
+    problems: list[str] = []
+    if out_of_range:
+        problems.append(f"ids out of range 1..{n} ignored: {', '.join(out_of_range)}")
+    if repeated:
+        problems.append(f"repeated ids ignored: {', '.join(repeated)}")
+    missing = [i for i in range(n) if i not in ranked]
+    if n and not order:
+        problems.append(NO_IDS)
+    elif missing:
+        problems.append(f"ids not ranked, kept after the ranked ones in their original order: "
+                        f"{', '.join(str(i + 1) for i in missing)}")
+    return order + missing, problems
