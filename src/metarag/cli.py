@@ -176,7 +176,8 @@ def add_llm_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=None,
                    help="CPU threads for the llama.cpp back-ends (default: all cores; 1 is faster when other "
                         "jobs share the cores)")
-    p.add_argument("--no-cache", action="store_true", help="do not use the persistent response cache")
+    p.add_argument("--no-cache", "--no-response-cache", dest="no_cache", action="store_true",
+                   help="this run neither reads nor writes the persistent response cache")
 
 
 def add_eval_args(p: argparse.ArgumentParser) -> None:
