@@ -144,7 +144,8 @@ def test_a_failing_question_is_recorded_and_scores_zero(tmp_path):
     assert failed[0].question_id == "q2" and "model crashed" in failed[0].error
     assert failed[0].scores.em == 0.0
     row = report_table([load_run(store.path)], baseline=None)[1][0]
-    assert row["n"] == 6 and row["errors"] == 1 and abs(row["EM"] - 100 * 5 / 6) < 1e-9
+    assert row["n"] == 6 and row["errors"] == row["failed"] == 1 and abs(row["EM"] - 100 * 5 / 6) < 1e-9
+    assert not failed[0].retryable  # a bug, not a back-end down: a re-run does not ask it again
 
 
 def test_report_marks_significance_with_a_paired_test_on_per_question_scores(tmp_path):
@@ -176,7 +177,28 @@ def test_sweep_runs_each_value_and_tabulates(tmp_path, monkeypatch):
     table, rows = sweep(config(tmp_path), {"k": ["1", "2"]}, progress=False)
     assert [row["k"] for row in rows] == ["1", "2"]
     assert [row["passages/q"] for row in rows] == [1.0, 2.0]
-    assert table.splitlines()[0].startswith("| k | n | EM | F1")
+    assert table.splitlines()[0].startswith("| k | n | failed | EM | F1")
+    assert [row["failed"] for row in rows] == [0, 0]
+
+
+def test_sweep_cli_exits_non_zero_when_a_point_has_failed_questions(tmp_path, monkeypatch, capsys):
+    from metarag.evaluate import harness
+
+    def flaky(prompt):  # with k=1 the reader sees too little, and fails on Spain
+        if "Spain" in prompt.rsplit("Question:", 1)[1] and "[2]" not in prompt:
+            raise RuntimeError("reader crashed")
+        return answer_from_prompt(prompt)
+
+    monkeypatch.setattr(harness, "make_llm", lambda spec: ScriptedLLM([("Passages:", flaky)]))
+    data = write_hotpot(tmp_path / "hotpot.json")
+    assert main(["sweep", "--method", "standard-rag", "--dataset-file", str(data), "--vary", "k=1,2",
+                 "--runs-dir", str(tmp_path / "runs"), "--quiet"]) == 1
+    out, err = capsys.readouterr()
+    rows = out.splitlines()[2:4]
+    assert rows[0].startswith("| 1 | 6 | 1 |") and rows[1].startswith("| 2 | 6 | 0 |")
+    errors = [line for line in err.splitlines() if line.startswith("metarag: error:")]
+    assert len(errors) == 1 and "1 of 6 questions have no successful result" in errors[0]
+    assert "first: q2: RuntimeError: reader crashed" in errors[0]
 
 
 @pytest.mark.parametrize("argv, message", [

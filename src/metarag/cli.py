@@ -200,6 +200,13 @@ def add_eval_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a method setting by name; repeatable")
     p.add_argument("--runs-dir", default=None, help="where run folders go (default: $METARAG_RUNS or runs)")
+    p.add_argument("--retry-failed", action="store_true",
+                   help="retry every failed question (a re-run retries those that failed with a retryable "
+                        "error, a back-end down or timing out, anyway)")
+    p.add_argument("--max-consecutive-failures", type=int, default=3, metavar="N",
+                   help="stop after N questions in a row fail with retryable errors (default: 3; 0 never stops)")
+    p.add_argument("--wait", action="store_true",
+                   help="if another process is writing the same run, wait for it instead of refusing")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     add_llm_args(p)
 
@@ -240,17 +247,23 @@ def eval_config_from_args(args: argparse.Namespace):
     return EvalConfig(method=args.method, dataset=dataset, llm=llm_spec_from_args(args),
                       retriever=args.retriever, reranker=args.reranker, rerank_depth=args.rerank_depth,
                       overrides=parse_assignments(args.set),
-                      workers=args.workers, runs_dir=args.runs_dir or runs_dir_default())
+                      workers=args.workers, runs_dir=args.runs_dir or runs_dir_default(),
+                      retry_failed=args.retry_failed, max_consecutive_failures=args.max_consecutive_failures,
+                      wait=args.wait)
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from metarag.evaluate.harness import evaluate
+    from metarag.evaluate.harness import evaluate, failure_summary
     from metarag.evaluate.report import load_run, report_table
 
     store, results = evaluate(eval_config_from_args(args), progress=not args.quiet)
     table, _ = report_table([load_run(store.path)], baseline=None)
     print(table)
     print(f"run folder: {store.path}")
+    failures = failure_summary(results)
+    if failures:
+        print(f"metarag: error: {failures}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -266,7 +279,12 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             raise_config("--plot draws one varied setting; give one --vary")
         key = next(iter(grid))
         print(f"plot: {plot_sweep(grid[key], rows, args.plot, key)}")
-    return 0
+    failed = [row for row in rows if row["failed"]]
+    for row in failed:
+        print(f"metarag: error: {row['run']}: {row['failed']} of {row['n']} questions have no successful result "
+              f"({row['retryable failed']} retryable; --retry-failed retries all); first: {row['first error']}",
+              file=sys.stderr)
+    return 1 if failed else 0
 
 
 def cmd_report(args: argparse.Namespace) -> int:

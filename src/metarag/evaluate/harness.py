@@ -2,7 +2,9 @@
 
 The harness drives the one runner loop (`methods.runner.run`) question by question; it adds
 scoring, the run folder, resumption and concurrency, nothing method-specific. Re-running the same
-command finds the same run folder (its id hashes the resolved settings) and skips what is done.
+command finds the same run folder (its id hashes the resolved settings) and skips what is done: a
+question is done when it has a result that is not a retryable failure. Before the first question
+the back-ends that can be down are checked; a run of consecutive retryable failures stops the run.
 """
 from __future__ import annotations
 
@@ -17,9 +19,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from metarag import __version__
-from metarag.errors import ConfigError, DataError
+from metarag.errors import BackendError, ConfigError, DataError
 from metarag.evaluate.metrics import AnswerScores, score_answer, support_recall
-from metarag.evaluate.runs import QuestionResult, RunStore
+from metarag.evaluate.runs import QuestionResult, RunStore, describe_holder
 from metarag.llm.registry import LLMSpec, check_spec, make_llm
 from metarag.methods.registry import CLOSED_BOOK, build_method, method_revision, method_settings
 from metarag.methods.runner import Method, Runtime, run
@@ -46,7 +48,12 @@ class DatasetSpec:
 
 @dataclass(frozen=True)
 class EvalConfig:
-    """Everything that defines a run; its resolved form is saved and hashed into the run id."""
+    """Everything that defines a run; its resolved form is saved and hashed into the run id.
+
+    How a session runs is not hashed: `workers`, `retry_failed` (retry every failed question, not
+    only the retryable ones), `max_consecutive_failures` (stop after this many questions in a row
+    fail with retryable errors, the sign of a back-end gone down; 0 never stops) and `wait` (wait for
+    another writer of the same run folder instead of refusing)."""
 
     method: str
     dataset: DatasetSpec
@@ -57,6 +64,9 @@ class EvalConfig:
     overrides: Mapping[str, str] = field(default_factory=dict)
     workers: int = 1
     runs_dir: str = "runs"
+    retry_failed: bool = False
+    max_consecutive_failures: int = 3
+    wait: bool = False
 
 
 def load_questions(spec: DatasetSpec):
@@ -84,6 +94,8 @@ def prepare(config: EvalConfig):
     """Resolve a config into (run store, method, dataset, resolved settings), loading no model."""
     if config.workers < 1:
         raise ConfigError("--workers must be at least 1")
+    if config.max_consecutive_failures < 0:
+        raise ConfigError("--max-consecutive-failures must be 0 (never stop) or more")
     check_spec(config.llm)
     from metarag.rerank.registry import check_reranker, reranker_settings
 
@@ -138,58 +150,111 @@ def score(question: Question, trace: Trace) -> QuestionResult:
 
 def evaluate(config: EvalConfig, *, progress: bool = True, llm=None, retriever=None,
              on_result: Callable[[QuestionResult], None] | None = None) -> tuple[RunStore, list[QuestionResult]]:
-    """Run (or resume) the evaluation `config` describes; returns the store and every result in
-    dataset order. `llm` / `retriever` replace the built ones (tests, shared services)."""
+    """Run (or resume) the evaluation `config` describes; returns the store and every question's
+    newest result in dataset order. `llm` / `retriever` replace the built ones (tests, shared
+    services). The run folder is locked for the whole session: one writer per run."""
     store, method, dataset, resolved = prepare(config)
     ids = [q.id for q in dataset.questions]
     if len(set(ids)) != len(ids):
         raise DataError("question ids are not unique", path=dataset.path)
-    if store.exists():
-        if store.read_json("questions.json") != ids:
-            raise DataError("this run folder holds another question set; remove it or change --runs-dir",
-                            path=str(store.path))
-    else:
-        store.write_json("settings.json", resolved)
-        store.write_json("questions.json", ids)
-    done = store.load_results()
-    todo = [q for q in dataset.questions if q.id not in done]
-    manifest = _manifest(store, resolved)
-    if todo:
-        llm = llm if llm is not None else make_llm(config.llm)
-        reranker = None
-        if retriever is None and config.method not in CLOSED_BOOK:
-            from metarag.pipeline import open_retriever
 
-            retriever = open_retriever(list(dataset.passages), config.retriever)
-        if config.method not in CLOSED_BOOK:
-            from metarag.rerank.registry import build_reranker
+    def waiting(holder) -> None:
+        print(f"waiting for {describe_holder(holder)} to finish with {store.path}", file=sys.stderr)
 
-            reranker = build_reranker(config.reranker, llm)
-        manifest["model_identity"] = llm.identity
-        manifest["model_sha256"] = getattr(llm, "model_sha256", None)
-        if done:
-            print(f"resuming {store.path}: {len(done)} of {len(dataset.questions)} questions already done",
-                  file=sys.stderr)
-        session = {"started": _now(), "questions_todo": len(todo), "argv": sys.argv}
-        manifest["sessions"].append(session)
-        store.write_json("manifest.json", manifest)
-        runtime = Runtime(llm, retriever, reranker=reranker, rerank_depth=config.rerank_depth)
-        _run_questions(method, todo, runtime, store, config.workers, done,
-                       len(dataset.questions), progress, on_result)
-        session["ended"] = _now()
-        store.write_json("manifest.json", manifest)
-    results = store.load_results()
+    with store.lock(wait=config.wait, on_wait=waiting) as holder:
+        if store.exists():
+            if store.read_json("questions.json") != ids:
+                raise DataError("this run folder holds another question set; remove it or change --runs-dir",
+                                path=str(store.path))
+        else:
+            store.write_json("settings.json", resolved)
+            store.write_json("questions.json", ids)
+        latest = store.load_results(repair=True)
+        retry = {i for i, r in latest.items() if r.failed and (config.retry_failed or r.retryable)}
+        done = {i: r for i, r in latest.items() if i not in retry}
+        todo = [q for q in dataset.questions if q.id not in done]
+        if todo:
+            _session(config, store, method, dataset, resolved, todo, done, len(retry), holder,
+                     progress, llm, retriever, on_result)
+        results = store.load_results()
     return store, [results[i] for i in ids if i in results]
 
 
+def _session(config: EvalConfig, store: RunStore, method: Method, dataset, resolved: dict, todo: list[Question],
+             done: dict, retrying: int, holder: dict, progress: bool, llm, retriever, on_result) -> None:
+    """Build what is not given, check the back-ends, run `todo`, and record the session in the manifest."""
+    llm = llm if llm is not None else make_llm(config.llm)
+    check_backend(llm, "LLM")
+    reranker = None
+    if retriever is None and config.method not in CLOSED_BOOK:
+        from metarag.pipeline import open_retriever
+
+        retriever = open_retriever(list(dataset.passages), config.retriever)
+    if config.method not in CLOSED_BOOK:
+        check_backend(retriever, "retriever")
+        from metarag.rerank.registry import build_reranker
+
+        reranker = build_reranker(config.reranker, llm)
+    manifest = _manifest(store, resolved)
+    manifest["model_identity"] = llm.identity
+    manifest["model_sha256"] = getattr(llm, "model_sha256", None)
+    if done or retrying:
+        again = f", retrying {retrying} failed" if retrying else ""
+        print(f"resuming {store.path}: {len(done)} of {len(dataset.questions)} questions done{again}",
+              file=sys.stderr)
+    session = {"started": _now(), "questions_todo": len(todo), "retrying": retrying, "argv": sys.argv,
+               "pid": holder["pid"], "host": holder["host"]}
+    manifest["sessions"].append(session)
+    store.write_json("manifest.json", manifest)
+    runtime = Runtime(llm, retriever, reranker=reranker, rerank_depth=config.rerank_depth)
+    try:
+        _run_questions(method, todo, runtime, store, config.workers, done, len(dataset.questions), progress,
+                       on_result, config.max_consecutive_failures)
+        session["outcome"] = "finished"
+    except BaseException as exc:
+        session["outcome"] = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        raise
+    finally:
+        session["ended"] = _now()
+        store.write_json("manifest.json", manifest)
+
+
+def check_backend(backend, what: str) -> None:
+    """Fail in seconds, before the first question, when a back-end that can be down is down or
+    hung: anything with a `check()` verb (an OpenAI-compatible server, a remote retriever) is asked
+    once; an embedded model or a local index has none and passes."""
+    check = getattr(backend, "check", None)
+    if check is None:
+        return
+    try:
+        check()
+    except BackendError as exc:
+        raise BackendError(f"{what} health check failed before the first question: {exc}",
+                           retryable=exc.retryable) from None
+
+
+def failure_summary(results: list[QuestionResult]) -> str | None:
+    """One line saying how many questions have no successful result and the first error; None if none."""
+    failed = [r for r in results if r.failed]
+    if not failed:
+        return None
+    retryable = sum(r.retryable for r in failed)
+    hint = (f"{retryable} retryable: re-run the same command to retry them" if retryable
+            else "none retryable")
+    return (f"{len(failed)} of {len(results)} questions have no successful result ({hint}; --retry-failed "
+            f"retries every failed question); first: {failed[0].question_id}: {failed[0].error}")
+
+
 def _run_questions(method: Method, todo: list[Question], runtime: Runtime, store: RunStore, workers: int,
-                   done: dict, total: int, progress: bool, on_result) -> None:
+                   done: dict, total: int, progress: bool, on_result, max_consecutive_failures: int) -> None:
     from tqdm import tqdm
 
     bar = tqdm(total=total, initial=len(done), disable=not progress, unit="q", dynamic_ncols=True)
     sums = {"em": sum(r.scores.em for r in done.values()), "f1": sum(r.scores.f1 for r in done.values())}
     count = len(done)
     lock = threading.Lock()
+    streak: list[QuestionResult] = []  # the retryable failures since the last other outcome
+    stopped: list[str] = []  # why the run stopped early, once it did
 
     def finish(result: QuestionResult) -> None:
         nonlocal count
@@ -200,14 +265,29 @@ def _run_questions(method: Method, todo: list[Question], runtime: Runtime, store
             sums["f1"] += result.scores.f1
             bar.set_postfix(EM=f"{100 * sums['em'] / count:.1f}", F1=f"{100 * sums['f1'] / count:.1f}")
             bar.update(1)
+            if result.retryable:
+                streak.append(result)
+            else:
+                streak.clear()
         if on_result is not None:
             on_result(result)
 
+    def stop() -> bool:
+        if not stopped and 0 < max_consecutive_failures <= len(streak):
+            last = streak[-1]
+            stopped.append(f"stopped after {len(streak)} consecutive questions failed with retryable errors, the "
+                           f"back-end looks down (last: {last.question_id}: {last.error})")
+        return bool(stopped)
+
+    written = 0
     with store.open_for_append() as handle:
         try:
             if workers == 1:
                 for question in todo:
                     finish(score(question, run(method, question, runtime)))
+                    written += 1
+                    if stop():
+                        break
             else:
                 with ThreadPoolExecutor(workers) as pool:
                     pending = {pool.submit(run, method, q, runtime): q for q in todo}
@@ -215,13 +295,23 @@ def _run_questions(method: Method, todo: list[Question], runtime: Runtime, store
                         while pending:
                             finished, _ = wait(pending, return_when=FIRST_COMPLETED)
                             for future in finished:
-                                finish(score(pending.pop(future), future.result()))
+                                if not future.cancelled():
+                                    finish(score(pending[future], future.result()))
+                                    written += 1
+                                del pending[future]
+                            if stop():  # questions already running finish and are written; no new one starts
+                                for future in pending:
+                                    future.cancel()
                     except BaseException:
                         for future in pending:
                             future.cancel()
                         raise
         finally:
             bar.close()
+    if stopped:
+        raise BackendError(f"{stopped[0]}; {len(todo) - written} questions not tried: fix it and re-run the same "
+                           "command to retry them (--max-consecutive-failures N sets the limit, 0 never stops)",
+                           retryable=True)
 
 
 def _manifest(store: RunStore, resolved: dict) -> dict:

@@ -83,6 +83,10 @@ def summarize(run: LoadedRun, prices: dict[str, Price] | None = None) -> dict:
         "n": n,
         "complete": run.complete,
         "errors": sum(r.error is not None for r in results),
+        # questions whose newest result is a failure (an earlier failure a retry fixed is not counted)
+        "failed": sum(r.failed for r in results),
+        "retryable failed": sum(r.retryable for r in results),
+        "first error": next((f"{r.question_id}: {_one_line(r.error)}" for r in results if r.failed), None),
         "judge fallbacks": sum(1 for r in results for s in r.trace.steps if isinstance(s, Judge) and s.fallback),
         "rerank fallbacks": sum(1 for r in results for s in r.trace.steps if isinstance(s, Rerank) and s.fallback),
         "EM": 100 * mean([r.scores.em for r in results]),
@@ -139,8 +143,9 @@ def significance(baseline: LoadedRun, other: LoadedRun, metric: str, test: str =
     return approximate_randomization(mine, theirs, n_resamples=n_resamples, seed=seed)
 
 
-COLUMNS = ("method", "retriever", "model", "dataset", "n", "EM", "F1", "Prec", "Rec", "Acc", "req/q", "tok/req",
-           "lat/req", "retr/q", "USD")
+COLUMNS = ("method", "retriever", "model", "dataset", "n", "failed", "EM", "F1", "Prec", "Rec", "Acc", "req/q",
+           "tok/req", "lat/req", "retr/q", "USD")
+FAILED_MARK = " !"  # on the `failed` cell of a run with failed questions; a note under the table names them
 
 
 def report_table(runs: Sequence[LoadedRun], *, baseline: int | None = 0, tests: Sequence[str] = ("t-test",),
@@ -149,7 +154,8 @@ def report_table(runs: Sequence[LoadedRun], *, baseline: int | None = 0, tests: 
     """A markdown table (one row per run) and the rows; with a baseline, each other run's EM and F1
     carry `*` where a paired test gives p < 0.05, and the p-values are columns of their own.
     `columns` picks the table's columns among the row's keys (default COLUMNS); the p-value columns
-    follow them either way."""
+    follow them either way. A run with failed questions gets FAILED_MARK on its `failed` cell and a
+    line under the table with the count and its first error, whichever columns are shown."""
     rows = [summarize(r, prices) for r in runs]
     if columns is not None:
         unknown = [c for c in columns if not any(c in row for row in rows)]
@@ -180,8 +186,14 @@ def report_table(runs: Sequence[LoadedRun], *, baseline: int | None = 0, tests: 
                 text += row.get(f"{c}*", "")
             if c in ("n",) and not row["complete"]:
                 text += " (partial)"
+            if c == "failed" and row["failed"]:
+                text += FAILED_MARK
             cells.append(text)
         lines.append("| " + " | ".join(cells) + " |")
+    notes = [f"{FAILED_MARK.strip()} {row['run']}: {row['failed']} of {row['n']} questions failed "
+             f"({row['retryable failed']} retryable); first: {row['first error']}" for row in rows if row["failed"]]
+    if notes:
+        lines += ["", *notes]
     return "\n".join(lines), rows
 
 
@@ -263,6 +275,11 @@ def _pyplot():
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def _one_line(text: str, limit: int = 300) -> str:
+    line = text.strip().splitlines()[0] if text.strip() else text
+    return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
 def _fmt(value) -> str:

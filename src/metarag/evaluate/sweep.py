@@ -35,7 +35,8 @@ def grid_points(grid: Mapping[str, list[str]]) -> list[dict[str, str]]:
 def sweep(config: EvalConfig, grid: Mapping[str, list[str]], *, progress: bool = True
           ) -> tuple[str, list[dict]]:
     """Evaluate every grid point (checked all up front, before any model loads); a markdown table
-    and its rows."""
+    and its rows. Each point is checked for a reachable back-end before its first question, and a
+    point that stops on consecutive retryable failures stops the sweep (re-run it to resume)."""
     points = grid_points(grid)
     for point in points:
         method_settings(config.method, {**config.overrides, **point})
@@ -46,7 +47,7 @@ def sweep(config: EvalConfig, grid: Mapping[str, list[str]], *, progress: bool =
     extra = sorted({k for row in rows for k in row if k.endswith("/q") and k not in
                     ("req/q", "retr/q", "lat/q", "prompt tok/q", "completion tok/q", "cached tok/q",
                      "cache hits/q", "passages/q")})
-    columns = [*grid, "n", "EM", "F1", "req/q", "retr/q", *extra]
+    columns = [*grid, "n", "failed", "EM", "F1", "req/q", "retr/q", *extra]
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for row in rows:
         lines.append("| " + " | ".join(_cell(row.get(c)) for c in columns) + " |")

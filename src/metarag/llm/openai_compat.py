@@ -104,6 +104,24 @@ class OpenAICompatLLM:
         probs = tuple(math.exp(top[label]) if label in top else 0.0 for label in labels)
         return LabelScores(tuple(labels), probs, completion.usage)
 
+    def check(self, timeout_s: float = 5.0) -> None:
+        """Fail in seconds when the server is down or hung, before a run spends minutes of retries
+        per question: one `GET {base_url}/models`, no retry. A server that answers 404 there is up."""
+        openai, url = self._openai, self.settings.base_url
+        try:
+            self.client.with_options(timeout=timeout_s, max_retries=0).models.list()
+        except openai.APITimeoutError:
+            raise BackendError(f"LLM server at {url} did not answer GET /models within {timeout_s:g} s (hung, or "
+                               "still loading?)", retryable=True) from None
+        except openai.APIConnectionError as exc:
+            raise BackendError(f"LLM server at {url} is not reachable ({_brief(exc.__cause__ or exc)}): start it "
+                               "or fix --base-url", retryable=True) from None
+        except openai.NotFoundError:
+            return
+        except openai.APIStatusError as exc:
+            raise BackendError(f"LLM server at {url} answered GET /models with HTTP {exc.status_code}: {_brief(exc)}",
+                               retryable=exc.status_code >= 500 or exc.status_code == 429) from None
+
     # ------------------------------------------------------------------------------- transport
     def _call(self, method, **kwargs):
         openai, settings = self._openai, self.settings

@@ -63,6 +63,11 @@ class RemoteRetriever:
             raise BackendError(f"retrieval service at {self.url}: /health answered {answer!r}")
         return answer
 
+    def check(self, timeout_s: float = 5.0) -> None:
+        """Fail in seconds when the service is down or hung, before a run spends minutes of retries
+        per question: one `GET /health`, no retry, at most `timeout_s`."""
+        self._call("GET", "/health", None, attempts=1, timeout_s=min(timeout_s, self.timeout_s))
+
     def _retrieve(self, queries: list[str], k: int, exclude: frozenset[str]) -> list[list[Hit]]:
         body: dict[str, Any] = {"queries": queries, "topk": k}
         if exclude:
@@ -78,11 +83,13 @@ class RemoteRetriever:
         except (KeyError, TypeError, ValueError) as exc:
             raise BackendError(f"retrieval service at {self.url} answered in an unexpected shape: {exc!r}") from None
 
-    def _call(self, method: str, path: str, body: dict[str, Any] | None) -> Any:
+    def _call(self, method: str, path: str, body: dict[str, Any] | None, *, attempts: int | None = None,
+              timeout_s: float | None = None) -> Any:
         """The JSON answer of one request, tried again with backoff when the failure may pass."""
         url = self.url + path
         data = None if body is None else json.dumps(body).encode()
-        attempts = self.max_retries + 1
+        attempts = self.max_retries + 1 if attempts is None else attempts
+        timeout_s = self.timeout_s if timeout_s is None else timeout_s
         reason = ""
         for attempt in range(attempts):
             if attempt:
@@ -90,7 +97,7 @@ class RemoteRetriever:
             request = urllib.request.Request(url, data=data, method=method,
                                              headers={"Content-Type": "application/json"})
             try:
-                with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+                with urllib.request.urlopen(request, timeout=timeout_s) as response:
                     payload = response.read()
             except urllib.error.HTTPError as exc:  # the service answered, with an error status
                 message = _error_message(exc)

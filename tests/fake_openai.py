@@ -1,0 +1,129 @@
+"""A tiny OpenAI-compatible server on loopback, for tests and for measuring failure handling by hand.
+
+It answers `GET /v1/models`, `POST /v1/chat/completions` and `POST /v1/completions` with the text
+`answer(prompt)` gives (a constant by default). `mode` switches it at any time: "ok" answers,
+"hang" accepts requests and never answers (until stopped), "error" answers HTTP 500. It can be
+stopped and started again on the same port, as a server that dies and comes back.
+
+    python tests/fake_openai.py --port 8011 [--answer Paris] [--mode ok|hang|error]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import threading
+import time
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+class FakeOpenAIServer:
+    """The server in a background thread; `requests` counts the completion requests answered."""
+
+    def __init__(self, port: int = 0, answer: Callable[[str], str] | str = "Paris", mode: str = "ok"):
+        self.answer = answer if callable(answer) else (lambda prompt, text=answer: text)
+        self.mode = mode
+        self.port = port
+        self.requests = 0
+        self._httpd: ThreadingHTTPServer | None = None
+        self._released = threading.Event()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def start(self) -> FakeOpenAIServer:
+        self._released.clear()
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", self.port), _handler(self))
+        self._httpd.daemon_threads = True
+        self.port = self._httpd.server_address[1]
+        threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        """Close the listening socket: new connections are refused, hung requests are released."""
+        self._released.set()
+        if self._httpd is not None:
+            self._httpd.shutdown()
+            self._httpd.server_close()
+            self._httpd = None
+
+    def __enter__(self) -> FakeOpenAIServer:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def _handler(server: FakeOpenAIServer):
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args) -> None:  # quiet
+            pass
+
+        def _send(self, status: int, body: dict) -> None:
+            data = json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def _misbehave(self) -> bool:
+            if server.mode == "hang":
+                server._released.wait()
+                self.close_connection = True
+                return True
+            if server.mode == "error":
+                self._send(500, {"error": {"message": "fake server error", "type": "server_error"}})
+                return True
+            return False
+
+        def do_GET(self) -> None:
+            if self._misbehave():
+                return
+            if self.path.rstrip("/") == "/v1/models":
+                self._send(200, {"object": "list", "data": [{"id": "fake", "object": "model", "created": 0,
+                                                             "owned_by": "tests"}]})
+            else:
+                self._send(404, {"error": {"message": f"no route {self.path}"}})
+
+        def do_POST(self) -> None:
+            body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+            if self._misbehave():
+                return
+            usage = {"prompt_tokens": 10, "completion_tokens": 1, "total_tokens": 11}
+            if self.path == "/v1/chat/completions":
+                prompt = "\n".join(str(m.get("content", "")) for m in body.get("messages", []))
+                server.requests += 1
+                self._send(200, {"id": "c", "object": "chat.completion", "created": int(time.time()),
+                                 "model": body.get("model", "fake"), "usage": usage,
+                                 "choices": [{"index": 0, "finish_reason": "stop", "logprobs": None,
+                                              "message": {"role": "assistant", "content": server.answer(prompt)}}]})
+            elif self.path == "/v1/completions":
+                server.requests += 1
+                self._send(200, {"id": "c", "object": "text_completion", "created": int(time.time()),
+                                 "model": body.get("model", "fake"), "usage": usage,
+                                 "choices": [{"index": 0, "finish_reason": "stop", "logprobs": None,
+                                              "text": server.answer(str(body.get("prompt", "")))}]})
+            else:
+                self._send(404, {"error": {"message": f"no route {self.path}"}})
+    return Handler
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--answer", default="Paris")
+    parser.add_argument("--mode", default="ok", choices=("ok", "hang", "error"))
+    args = parser.parse_args()
+    server = FakeOpenAIServer(args.port, args.answer, args.mode).start()
+    print(f"fake OpenAI server on {server.url} ({args.mode})", flush=True)
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        server.stop()
+
+
+if __name__ == "__main__":
+    main()
