@@ -218,7 +218,7 @@ def test_format_detection(data, relative, expected):
 
 
 def test_undetectable_file_names_its_keys(data):
-    with pytest.raises(DataError, match=r"dev7405_qa_only.json: cannot tell .*\(answer, question\)"):
+    with pytest.raises(DataError, match=r"dev7405_qa_only.json: record 0: cannot tell .*\(answer, question\)"):
         load_dataset(data / "hotpotqa/dev7405_qa_only.json")
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from metarag.errors import MetaRAGError
 
@@ -106,8 +107,9 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--index", required=True, metavar="DIR", help="the index folder `metarag index build` printed")
     srv.add_argument("--corpus", default=None, help="the corpus file, if the index folder holds no copy of it")
     srv.add_argument("--retriever", default="bm25", choices=("bm25", "dense", "hybrid"))
-    srv.add_argument("--host", default="127.0.0.1")
-    srv.add_argument("--port", type=int, default=8000)
+    srv.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1; 0.0.0.0: every "
+                     "interface)")
+    srv.add_argument("--port", type=port_number, default=8000, help="port, 0..65535 (0: a free one; default: 8000)")
     srv.set_defaults(handler=cmd_serve_retriever)
 
     tc = sub.add_parser("train-critic", help="train SIM-RAG's lightweight critic by self-practice",
@@ -129,6 +131,17 @@ def build_parser() -> argparse.ArgumentParser:
     add_llm_args(tc)
     tc.set_defaults(handler=cmd_train_critic)
     return parser
+
+
+def port_number(value: str) -> int:
+    """An argparse type: a TCP port, 0..65535."""
+    try:
+        port = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {value!r}") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"a port is 0..65535, got {port}")
+    return port
 
 
 def retriever_name(value: str) -> str:
@@ -191,6 +204,9 @@ def add_eval_args(p: argparse.ArgumentParser) -> None:
                    help="retrieve from this corpus instead of the questions' own paragraphs")
     p.add_argument("--limit", type=int, default=None, help="evaluate a seeded sample of N questions")
     p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    p.add_argument("--allow-unanswerable", action="store_true",
+                   help="score questions without a gold answer as unanswerable (right only when the answer "
+                        "abstains: unanswerable, unknown, unsure, ...) instead of refusing the file")
     p.add_argument("--workers", type=int, default=1,
                    help="questions run concurrently (useful against a served model; 1 for embedded)")
     p.add_argument("--retriever", default="bm25", type=retriever_name,
@@ -227,7 +243,10 @@ def cmd_ask(args: argparse.Namespace) -> int:
         print(trace.to_json())
     else:
         print(format_trace(trace, header_only=True))
-    return 0 if trace.error is None else 1
+    if trace.error is not None:
+        print(f"metarag: error: {trace.error}", file=sys.stderr)
+        return 1
+    return 0
 
 
 def cmd_index_build(args: argparse.Namespace) -> int:
@@ -240,14 +259,18 @@ def cmd_index_build(args: argparse.Namespace) -> int:
 
 def eval_config_from_args(args: argparse.Namespace):
     from metarag.evaluate.harness import DatasetSpec, EvalConfig, runs_dir_default
+    from metarag.paths import check_folder
     from metarag.settings import parse_assignments
 
     dataset = DatasetSpec(preset=args.dataset, file=args.dataset_file, format=args.format,
-                          corpus=args.corpus, limit=args.limit, seed=args.seed)
+                          corpus=args.corpus, limit=args.limit, seed=args.seed,
+                          allow_unanswerable=args.allow_unanswerable)
+    runs_dir = check_folder(args.runs_dir or runs_dir_default(),
+                            "--runs-dir" if args.runs_dir else "the runs folder ($METARAG_RUNS, else ./runs)")
     return EvalConfig(method=args.method, dataset=dataset, llm=llm_spec_from_args(args),
                       retriever=args.retriever, reranker=args.reranker, rerank_depth=args.rerank_depth,
                       overrides=parse_assignments(args.set),
-                      workers=args.workers, runs_dir=args.runs_dir or runs_dir_default(),
+                      workers=args.workers, runs_dir=str(runs_dir),
                       retry_failed=args.retry_failed, max_consecutive_failures=args.max_consecutive_failures,
                       wait=args.wait)
 
@@ -290,7 +313,16 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     from metarag.evaluate.cost import load_price_table
     from metarag.evaluate.report import breakdown, load_run, plot_runs, report_table, write_csv
+    from metarag.paths import check_folder
 
+    for path in [*args.runs, *filter(None, [args.baseline])]:
+        if not (Path(path) / "settings.json").is_file():
+            raise_config(f"{path!r} is not a run folder (runs/<run-id>, holding the settings.json that metarag "
+                         "eval writes)")
+    if args.csv:
+        if Path(args.csv).is_dir():
+            raise_config(f"--csv {args.csv!r} is a folder; give a file, e.g. {str(Path(args.csv) / 'report.csv')!r}")
+        check_folder(Path(args.csv).parent, "the folder of --csv")
     runs = [load_run(path) for path in args.runs]
     baseline = 0
     if args.baseline is not None:
@@ -341,12 +373,13 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def cmd_serve_retriever(args: argparse.Namespace) -> int:
     from metarag.retrieve.index import open_saved
-    from metarag.retrieve.service import serve
+    from metarag.retrieve.service import check_address, serve
 
+    check_address(args.host, args.port)  # before the index loads
     retriever = open_saved(args.index, args.retriever, args.corpus)
-    print(f"serving {args.retriever} over {args.index} on http://{args.host}:{args.port} "
-          "(POST /retrieve, GET /health)", file=sys.stderr)
-    serve(retriever, args.host, args.port)
+    serve(retriever, args.host, args.port, on_listening=lambda url: print(
+        f"serving {args.retriever} over {args.index} on {url} (POST /retrieve, GET /health)", file=sys.stderr,
+        flush=True))
     return 0
 
 

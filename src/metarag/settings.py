@@ -6,6 +6,7 @@ import dataclasses
 import functools
 import hashlib
 import json
+import math
 import types
 import typing
 from collections.abc import Mapping
@@ -34,8 +35,75 @@ def override(settings: Any, values: Mapping[str, Any], *, owner: str) -> Any:
     for key, raw in values.items():
         if key not in fields:
             raise ConfigError(f"{owner} has no setting {key!r}{close_matches(key, fields)}")
-        changes[key] = convert(raw, hints[key], f"{owner} setting {key!r}")
+        what = f"{owner} setting {key!r}"
+        changes[key] = convert(raw, hints[key], what)
+        check_field(fields[key], changes[key], what)
     return dataclasses.replace(settings, **changes)
+
+
+@dataclasses.dataclass(frozen=True)
+class Range:
+    """The allowed values of a numeric setting: bounds inclusive (`ge`, `le`) or strict (`gt`, `lt`).
+
+    NaN is never in range; an infinity only where that side is unbounded.
+    """
+
+    ge: float | None = None
+    gt: float | None = None
+    le: float | None = None
+    lt: float | None = None
+
+    def admits(self, value: float) -> bool:
+        if math.isnan(value):
+            return False
+        return ((self.ge is None or value >= self.ge) and (self.gt is None or value > self.gt)
+                and (self.le is None or value <= self.le) and (self.lt is None or value < self.lt))
+
+    def describe(self) -> str:
+        """'>= 1', '> 0', 'in [0, 1]', 'in (0, 100]' ..."""
+        low = ("[", self.ge) if self.ge is not None else ("(", self.gt) if self.gt is not None else None
+        high = (self.le, "]") if self.le is not None else (self.lt, ")") if self.lt is not None else None
+        if low and high:
+            return f"in {low[0]}{_num(low[1])}, {_num(high[0])}{high[1]}"
+        if low:
+            return f"{'>=' if low[0] == '[' else '>'} {_num(low[1])}"
+        if high:
+            return f"{'<=' if high[1] == ']' else '<'} {_num(high[0])}"
+        return "a number"
+
+    def check(self, value: Any, what: str) -> None:
+        """ConfigError `"<what> must be <range>, got <value>"` unless `value` is None or in range."""
+        if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+            return
+        if not self.admits(value):
+            raise ConfigError(f"{what} must be {self.describe()}, got {value!r}")
+
+
+def _num(bound: float) -> str:
+    return f"{bound:g}"
+
+
+def setting(default: Any, *, ge: float | None = None, gt: float | None = None, le: float | None = None,
+            lt: float | None = None, **field_args: Any) -> Any:
+    """A settings dataclass field with its allowed range, checked by `check_ranges` and `override`:
+    `k: int = setting(5, ge=1)`, `threshold: float = setting(0.4, ge=0, le=1)`."""
+    metadata = {**field_args.pop("metadata", {}), "range": Range(ge=ge, gt=gt, le=le, lt=lt)}
+    return dataclasses.field(default=default, metadata=metadata, **field_args)
+
+
+def check_field(field: dataclasses.Field, value: Any, what: str) -> None:
+    """Check one value against the range its field declares (see `setting`); NaN fits no field."""
+    bounds = field.metadata.get("range", Range())
+    bounds.check(value, what)
+
+
+def check_ranges(settings: Any, owner: str | None = None) -> None:
+    """Check every ranged field of a settings dataclass; every settings class calls this in
+    `__post_init__`, so no out-of-range value is ever constructed. Errors read
+    `"<owner> setting 'k' must be >= 1, got -1"` (owner: the class name unless given)."""
+    owner = owner or type(settings).__name__
+    for field in dataclasses.fields(settings):
+        check_field(field, getattr(settings, field.name), f"{owner} setting {field.name!r}")
 
 
 def convert(raw: Any, tp: Any, what: str) -> Any:

@@ -54,12 +54,14 @@ class Dataset:
 def load_dataset(path: str | os.PathLike[str], format: str | None = None, *,
                  corpus: str | os.PathLike[str] | None = None,
                  ground_truth: str | os.PathLike[str] | None = None,
-                 name: str | None = None) -> Dataset:
+                 name: str | None = None, allow_unanswerable: bool = False) -> Dataset:
     """Read a benchmark question file in one of `FORMATS` (detected from its content when not named).
 
     `corpus` replaces the distractor pool with a corpus file's passages, supporting paragraphs
     being matched to them by title (and by text where a title repeats). `ground_truth` is the
-    MultiHop-RAG answers file, found beside the queries when not given.
+    MultiHop-RAG answers file, found beside the queries when not given. A question without a gold
+    answer or without text is refused (DataError naming its record); `allow_unanswerable` scores
+    one without a gold answer as unanswerable instead (see `formats.UNANSWERABLE`).
     """
     if format is not None and format not in FORMATS:
         raise ConfigError(f"unknown dataset format {format!r}{close_matches(format, FORMATS)}")
@@ -67,10 +69,7 @@ def load_dataset(path: str | os.PathLike[str], format: str | None = None, *,
     format = format or detect_format(file)
     if ground_truth is not None and format != "multihop-rag":
         raise ConfigError(f"ground_truth= is for the multihop-rag format, not {format}")
-    parsed = parse_questions(file, format, ground_truth=ground_truth)
-    if not any(item.question.answers for item in parsed):
-        raise DataError(f"no gold answers in any of its {len(parsed)} questions (read as {format})",
-                        path=file.path)
+    parsed = parse_questions(file, format, ground_truth=ground_truth, allow_unanswerable=allow_unanswerable)
     passages: tuple[Passage, ...] | None = None
     contexts: tuple[tuple[str, ...], ...] | None = None
     if corpus is not None:
@@ -214,7 +213,8 @@ def find_data_dir(data_dir: str | os.PathLike[str] | None = None) -> Path:
     raise ConfigError(f"no benchmark data folder found; {_NO_DATA_DIR}")
 
 
-def resolve_preset(name: str, data_dir: str | os.PathLike[str] | None = None) -> Dataset:
+def resolve_preset(name: str, data_dir: str | os.PathLike[str] | None = None, *,
+                   allow_unanswerable: bool = False) -> Dataset:
     """The dataset a preset name stands for (see `PRESETS`, and `DEMO` for the files in the package)."""
     if name == DEMO:
         return _load_demo()
@@ -226,7 +226,8 @@ def resolve_preset(name: str, data_dir: str | os.PathLike[str] | None = None) ->
         if not (folder / relative).is_file():
             raise ConfigError(f"preset {name}: {relative} is not in the data folder {folder}; {_NO_DATA_DIR}")
     corpus = folder / preset.corpus if preset.corpus else None
-    return load_dataset(folder / preset.path, preset.format, corpus=corpus, name=name)
+    return load_dataset(folder / preset.path, preset.format, corpus=corpus, name=name,
+                        allow_unanswerable=allow_unanswerable)
 
 
 def _load_demo() -> Dataset:

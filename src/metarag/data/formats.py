@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -160,23 +160,51 @@ def _json_lines(raw: str, where: str) -> Iterable[Record]:
 
 # --------------------------------------------------------------------------------- detection
 def detect_format(file: QuestionFile) -> str:
-    """The format of a question file, told from its container and its first record's keys."""
-    keys = set(file.records[0].data)
-    if file.container == "queries" or "query" in keys:
-        return "multihop-rag"
+    """The format of a question file, told from its container and the keys of every record.
+
+    Each record admits one format, or two where its keys cannot tell them apart (a `context`
+    without `evidences` or HotpotQA's `level` is HotpotQA or 2Wiki); the file's format is the one
+    every record admits (HotpotQA where both still do). A record that admits none of the formats
+    the records before it admit is refused, naming it: a file holds one format.
+    """
+    admitted: tuple[str, ...] | None = None
+    first: Record | None = None
+    for record in file.records:
+        formats = _record_formats(record, file.container)
+        if admitted is None:
+            admitted, first = formats, record
+            continue
+        common = tuple(f for f in admitted if f in formats)
+        if not common:
+            at = f"line {first.line}" if first.line is not None else f"record {first.index}"
+            raise record.error(f"its keys read as {' or '.join(formats)}, but {at} reads as "
+                               f"{' or '.join(admitted)}: a file holds one format (name it with --format "
+                               f"to read every record as that one)")
+        admitted = common
+    if not admitted:
+        raise DataError("no question records", path=file.path)
+    return admitted[0]
+
+
+def _record_formats(record: Record, container: str | None) -> tuple[str, ...]:
+    """The formats one record's keys admit, most likely first."""
+    keys = set(record.data)
+    if container == "queries" or "query" in keys:
+        return ("multihop-rag",)
     if "question_text" in keys or "answers_objects" in keys:
-        return "ircot"
+        return ("ircot",)
     if "question_decomposition" in keys or "paragraphs" in keys:
-        return "musique"
+        return ("musique",)
     if "golden_answers" in keys:
-        return "flashrag"
+        return ("flashrag",)
     if "context" in keys:
-        return "2wiki" if "evidences" in keys else "hotpotqa"
+        if "evidences" in keys:
+            return ("2wiki",)
+        return ("hotpotqa",) if "level" in keys else ("hotpotqa", "2wiki")
     if "question" in keys and keys & {"evidence", "evidences", "question_type"}:
-        return "2wiki-hipporag"
-    raise DataError(f"cannot tell the dataset format from the first record's keys "
-                    f"({', '.join(sorted(keys))}); name it, one of: {', '.join(sorted(FORMATS))}",
-                    path=file.path)
+        return ("2wiki-hipporag",)
+    raise record.error(f"cannot tell the dataset format from its keys ({', '.join(sorted(keys))}); "
+                       f"name it with --format, one of: {', '.join(sorted(FORMATS))}")
 
 
 # ----------------------------------------------------------------------------------- parsers
@@ -407,8 +435,9 @@ def find_ground_truth(queries: str | Path) -> Path:
         if candidate.is_file():
             return candidate
     looked = ", ".join(c.name for c in candidates)
-    raise DataError(f"no ground-truth file beside the queries (looked for {looked}); pass ground_truth=PATH",
-                    path=str(queries))
+    raise DataError(f"no ground-truth file beside the queries (looked for {looked}); put MultiHop-RAG's answers "
+                    f"file there under one of those names, or read the official MultiHopRAG.json, whose "
+                    f"records carry their answers", path=str(queries))
 
 
 FORMATS: dict[str, Callable[[QuestionFile], list[ParsedQuestion]]] = {
@@ -422,13 +451,32 @@ FORMATS: dict[str, Callable[[QuestionFile], list[ParsedQuestion]]] = {
 }
 
 
-def parse_questions(file: QuestionFile, format: str, *,
-                    ground_truth: str | Path | None = None) -> list[ParsedQuestion]:
-    """The questions of a file read in a named format, checked to have distinct ids."""
+# The gold answers of a question without any, when they are scored as unanswerable: a prediction
+# matching one of these (an abstention) is right, any other is wrong.
+UNANSWERABLE = ("unanswerable", "unknown", "unsure", "no answer", "none", "i don't know")
+
+
+def parse_questions(file: QuestionFile, format: str, *, ground_truth: str | Path | None = None,
+                    allow_unanswerable: bool = False) -> list[ParsedQuestion]:
+    """The questions of a file read in a named format, checked to have distinct ids, a question text
+    and gold answers: a question without any is refused, naming its record, unless
+    `allow_unanswerable`, which scores it against `UNANSWERABLE` (its `type` becomes "unanswerable"
+    when it has none)."""
     parse = FORMATS[format]
     parsed = parse_multihop_rag(file, ground_truth) if parse is parse_multihop_rag else parse(file)
+    if not any(item.question.answers for item in parsed):  # most likely read in the wrong format
+        raise DataError(f"no gold answers in any of its {len(parsed)} questions (read as {format})",
+                        path=file.path)
     first: dict[str, Record] = {}
-    for record, item in zip(file.records, parsed):
+    for i, (record, item) in enumerate(zip(file.records, parsed)):
+        if not item.question.text.strip():
+            raise record.error("the question text is empty")
+        if not item.question.answers:
+            if not allow_unanswerable:
+                raise record.error(f"question {item.question.id!r} has no gold answer (read as {format}); "
+                                   "remove it, or pass --allow-unanswerable to score it as unanswerable")
+            question = replace(item.question, answers=UNANSWERABLE, type=item.question.type or "unanswerable")
+            parsed[i] = item = replace(item, question=question)
         seen = first.setdefault(item.question.id, record)
         if seen is not record:
             at = f"line {seen.line}" if seen.line is not None else f"record {seen.index}"

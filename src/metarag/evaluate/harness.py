@@ -41,6 +41,7 @@ class DatasetSpec:
     corpus: str | None = None
     limit: int | None = None
     seed: int = 0
+    allow_unanswerable: bool = False  # score questions without a gold answer as unanswerable
 
     def label(self) -> str:
         return self.preset or Path(self.file or "dataset").stem
@@ -78,9 +79,10 @@ def load_questions(spec: DatasetSpec):
     if spec.preset:
         if spec.format or spec.corpus:
             raise ConfigError("--format and --corpus go with --dataset-file, not with a preset")
-        dataset = resolve_preset(spec.preset)
+        dataset = resolve_preset(spec.preset, allow_unanswerable=spec.allow_unanswerable)
     else:
-        dataset = load_dataset(spec.file, spec.format, corpus=spec.corpus)
+        dataset = load_dataset(spec.file, spec.format, corpus=spec.corpus,
+                               allow_unanswerable=spec.allow_unanswerable)
     if not dataset.questions:
         raise DataError("the dataset has no questions", path=dataset.path)
     if spec.limit is not None:
@@ -110,7 +112,9 @@ def prepare(config: EvalConfig):
     resolved = {
         "method": config.method,
         "method_settings": to_plain(settings),
-        "dataset": {**asdict(config.dataset), "name": dataset.name, "format": dataset.format,
+        # allow_unanswerable only where set, so the run ids of runs without it stay put
+        "dataset": {**{k: v for k, v in asdict(config.dataset).items() if k != "allow_unanswerable" or v},
+                    "name": dataset.name, "format": dataset.format,
                     "sha256": dataset.sha256, "n_questions": len(dataset.questions)},
         "corpus_fingerprint": corpus_fingerprint(dataset.passages) if needs_corpus else None,
         "retriever": config.retriever if needs_corpus else None,
@@ -154,6 +158,9 @@ def evaluate(config: EvalConfig, *, progress: bool = True, llm=None, retriever=N
     newest result in dataset order. `llm` / `retriever` replace the built ones (tests, shared
     services). The run folder is locked for the whole session: one writer per run."""
     store, method, dataset, resolved = prepare(config)
+    if dataset.unmapped_support:
+        print(f"{dataset.name}: {dataset.unmapped_support} supporting paragraphs have no passage in the pool "
+              "(support recall counts them as missed)", file=sys.stderr)
     ids = [q.id for q in dataset.questions]
     if len(set(ids)) != len(ids):
         raise DataError("question ids are not unique", path=dataset.path)
@@ -198,6 +205,7 @@ def _session(config: EvalConfig, store: RunStore, method: Method, dataset, resol
     manifest = _manifest(store, resolved)
     manifest["model_identity"] = llm.identity
     manifest["model_sha256"] = getattr(llm, "model_sha256", None)
+    manifest["unmapped_support"] = dataset.unmapped_support
     if done or retrying:
         again = f", retrying {retrying} failed" if retrying else ""
         print(f"resuming {store.path}: {len(done)} of {len(dataset.questions)} questions done{again}",

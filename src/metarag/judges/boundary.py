@@ -23,6 +23,7 @@ import numpy as np
 
 from metarag.errors import ConfigError, DataError, close_matches
 from metarag.judges.base import Verdict
+from metarag.settings import Range, check_ranges, setting
 
 # Rule families of the paper's Tables 4, 6 and 7. "tail" is Table 4's "distribution" rule.
 RULES = ("hybrid", "nearest", "centroid", "tail", "nearest+centroid", "nearest+tail", "centroid+tail")
@@ -114,8 +115,7 @@ def check_thresholds(thresholds: Sequence[float]) -> None:
 
 def check_percentile(percentile: float) -> None:
     """The tail percentile must lie in [0, 100]."""
-    if not 0 <= percentile <= 100:
-        raise ConfigError(f"the boundary tail percentile must be in [0, 100], got {percentile}")
+    Range(ge=0, le=100).check(percentile, "the boundary tail percentile")
 
 
 def decide(score: float) -> str:
@@ -185,14 +185,15 @@ class BoundaryJudge:
     rule: str = "hybrid"
     thresholds: Signals = PAPER_THRESHOLDS
     encoder: Any = field(default=None, compare=False, repr=False)
-    tail_percentile: float = 10.0  # EvoCtx's default reading of d_90 (see EvoCtxSettings.tail_percentile)
+    # EvoCtx's default reading of d_90 (see EvoCtxSettings.tail_percentile)
+    tail_percentile: float = setting(10.0, ge=0, le=100)
     name: str = "evoctx-boundary"
 
     def __post_init__(self) -> None:
         if self.rule not in RULES:
             raise ConfigError(f"unknown boundary rule {self.rule!r}{close_matches(self.rule, RULES)}")
         check_thresholds(self.thresholds)
-        check_percentile(self.tail_percentile)
+        check_ranges(self)
 
     def judge(self, runtime: Any, inputs: Mapping[str, str | tuple[str, ...]]) -> Verdict:
         trace = str(inputs.get("trace", "")).strip()

@@ -24,6 +24,7 @@ import numpy as np
 from metarag.errors import ConfigError, DataError, MissingDependency
 from metarag.judges.base import Verdict
 from metarag.methods.evidence import evidence_prompt
+from metarag.settings import Range, check_ranges, setting
 
 if TYPE_CHECKING:
     from metarag.methods.runner import Runtime
@@ -68,14 +69,14 @@ class LLMCritic:
     as in the official code, where any critic output other than "1" rejects."""
 
     labels: tuple[str, ...] = ("Yes", "No")
-    threshold: float = 0.5
+    threshold: float = setting(0.5, ge=0, le=1)
     task: str = CRITIC_TASK
     name: str = "sim-rag-critic"
 
     def __post_init__(self) -> None:
         if len(self.labels) != 2 or self.labels[0] == self.labels[1] or not all(self.labels):
             raise ConfigError(f"the critic needs two different labels (accept, reject), got {self.labels!r}")
-        _check_threshold(self.threshold)
+        check_ranges(self)
 
     def judge(self, runtime: Runtime, inputs: Mapping[str, str]) -> Verdict:
         accept, reject = self.labels
@@ -223,5 +224,4 @@ def load_critic(path: str | Path, threshold: float = 0.5, encoder: TextEncoder |
 
 
 def _check_threshold(threshold: float) -> None:
-    if not 0.0 <= threshold <= 1.0:
-        raise ConfigError(f"the critic's accept threshold must be in [0, 1], got {threshold}")
+    Range(ge=0, le=1).check(threshold, "the critic's accept threshold")

@@ -16,6 +16,7 @@ from metarag.llm.base import Decoding
 from metarag.methods.evidence import evidence_prompt
 from metarag.parsing import clean_answer, parse_reasoning_check
 from metarag.records import Message
+from metarag.settings import check_ranges, setting
 
 EXPERT_TASK = ("Question: {question}\nCopy the shortest span of words from the passages that answers the "
                "question (or yes/no for a yes/no question). Reply with the span only.")
@@ -46,8 +47,11 @@ class ExpertQA:
     an extractive reader (a different prompt and role from the reasoner), standing in for the
     fine-tuned T5-large expert of the original (study §4.3.3), which is not available offline."""
 
-    max_tokens: int = 24
+    max_tokens: int = setting(24, ge=1)
     name: str = "expert"
+
+    def __post_init__(self) -> None:
+        check_ranges(self)
 
     def judge(self, runtime, inputs: Mapping[str, str]) -> Verdict:
         prompt = evidence_prompt(inputs["passages"], EXPERT_TASK.format(question=inputs["question"]))
@@ -67,8 +71,11 @@ class YesNoJudge:
     task: str
     yes_label: str = "yes"
     no_label: str = "no"
-    threshold: float = 0.5
+    threshold: float = setting(0.5, ge=0, le=1)
     uses_passages: bool = True
+
+    def __post_init__(self) -> None:
+        check_ranges(self)
 
     def judge(self, runtime, inputs: Mapping[str, str]) -> Verdict:
         task = self.task.format(**{k: inputs.get(k, "") for k in ("question", "answer", "rationale")})

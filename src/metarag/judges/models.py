@@ -11,6 +11,7 @@ from pathlib import Path
 from metarag.errors import ConfigError, MissingDependency
 from metarag.judges.base import Verdict
 from metarag.judges.llm_judges import ExpertQA, YesNoJudge, llm_entailment
+from metarag.settings import check_ranges, setting
 
 
 @dataclass(frozen=True)
@@ -19,8 +20,11 @@ class CrossEncoderEntailment:
     config's id2label); premise = passages + rationale, hypothesis = "The answer to Q is A"."""
 
     path: str
-    threshold: float = 0.5
+    threshold: float = setting(0.5, ge=0, le=1)
     name: str = "entailment"
+
+    def __post_init__(self) -> None:
+        check_ranges(self)
 
     def judge(self, runtime, inputs: Mapping[str, str]) -> Verdict:
         model, index = _cross_encoder(self.path)

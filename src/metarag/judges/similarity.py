@@ -15,6 +15,7 @@ import numpy as np
 from metarag.errors import ConfigError
 from metarag.evaluate.metrics import token_f1
 from metarag.judges.base import Verdict
+from metarag.settings import check_ranges, setting
 
 METHODS = ("minilm", "token-f1")
 
@@ -24,11 +25,12 @@ class AnswerSimilarity:
     """Cosine of MiniLM embeddings (or token F1) of inputs `answer` and `reference`; the verdict is
     "accept" when the score is at or above `threshold` (MetaRAG's monitor)."""
 
-    threshold: float = 0.4
+    threshold: float = setting(0.4, ge=0, le=1)
     method: str = "minilm"
     name: str = "monitor-similarity"
 
     def __post_init__(self):
+        check_ranges(self)
         if self.method not in METHODS:
             raise ConfigError(f"unknown similarity {self.method!r}; valid: {', '.join(METHODS)}")
 

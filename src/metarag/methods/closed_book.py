@@ -12,6 +12,7 @@ from metarag.methods.actions import Ask
 from metarag.methods.runner import Policy
 from metarag.parsing import clean_answer
 from metarag.records import Message, Question
+from metarag.settings import check_ranges, setting
 
 SYSTEM = ("You answer questions with a short answer only: a name, a date, a number, a short phrase, "
           "or yes/no. Do not explain.")
@@ -29,8 +30,11 @@ class ClosedBookSettings:
     """Closed-book settings. Defaults: greedy decoding (study §4.3.1: temperature 0), few-shot on
     (study §4.2: 'a fixed few-shot prompting setup'), a short-answer token budget."""
 
-    max_tokens: int = 32
+    max_tokens: int = setting(32, ge=1)
     few_shot: bool = True
+
+    def __post_init__(self) -> None:
+        check_ranges(self)
 
 
 class ClosedBook:

@@ -13,6 +13,7 @@ from metarag.methods.actions import Ask
 from metarag.methods.runner import Policy
 from metarag.parsing import extract_short_answer
 from metarag.records import Message, Question
+from metarag.settings import check_ranges, setting
 
 SYSTEM = ("Answer the question by reasoning step by step in a few short sentences. "
           "End with a line of the form 'So the answer is: <short answer>.' where the short answer is "
@@ -31,8 +32,11 @@ class CoTSettings:
     """Chain-of-Thought settings: greedy decoding (study §4.3.1), one worked example (study §4.2's
     fixed few-shot setup), room for a few sentences of reasoning."""
 
-    max_tokens: int = 200
+    max_tokens: int = setting(200, ge=1)
     few_shot: bool = True
+
+    def __post_init__(self) -> None:
+        check_ranges(self)
 
 
 class ChainOfThought:

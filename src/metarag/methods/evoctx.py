@@ -40,7 +40,7 @@ from typing import Any
 
 from metarag.errors import ConfigError, close_matches
 from metarag.judges.base import Verdict
-from metarag.judges.boundary import RULES, BoundaryJudge, check_percentile, check_thresholds, make_encoder
+from metarag.judges.boundary import RULES, BoundaryJudge, make_encoder
 from metarag.llm.base import LLM, Decoding
 from metarag.llm.registry import LLMSpec, check_spec
 from metarag.methods.actions import Ask, Assess, Note, Probe, Search
@@ -48,6 +48,7 @@ from metarag.methods.evidence import evidence_prompt, format_passages
 from metarag.methods.runner import Policy
 from metarag.parsing import clean_answer, parse_decision, strip_label
 from metarag.records import Hit, Passage, Question
+from metarag.settings import check_ranges, setting
 
 ACTIONS = ("RETRIEVE", "THINK", "ANSWER")
 ABLATIONS = ("none", "no-retrieve", "no-think", "no-reasoning", "no-boundary")
@@ -140,30 +141,26 @@ class EvoCtxSettings:
     gold answer against the same boundary; analysis only, it never steers the run).
     """
 
-    k: int = 5
-    T: int = 8
-    tau_near: float = 0.3
-    tau_cent: float = 0.2
-    tau_90: float = 0.4
-    tail_percentile: float = 10.0
+    k: int = setting(5, ge=1)
+    T: int = setting(8, ge=0)
+    tau_near: float = setting(0.3, gt=0)  # the thresholds divide the distances
+    tau_cent: float = setting(0.2, gt=0)
+    tau_90: float = setting(0.4, gt=0)
+    tail_percentile: float = setting(10.0, ge=0, le=100)
     rule: str = "hybrid"
     ablation: str = "none"
-    context_budget_tokens: int = 1024
+    context_budget_tokens: int = setting(1024, ge=0)
     context_keep: str = "first"
     encoder: str = "minilm"
     decision_llm: str = ""
-    decision_max_tokens: int = 192
-    query_max_tokens: int = 32
-    answer_max_tokens: int = 32
+    decision_max_tokens: int = setting(192, ge=1)
+    query_max_tokens: int = setting(32, ge=1)
+    answer_max_tokens: int = setting(32, ge=1)
     confidence_probe: bool = True
     oracle: bool = False
 
     def __post_init__(self) -> None:
-        if self.k < 1 or self.T < 0 or self.context_budget_tokens < 0:
-            raise ConfigError(f"evoctx needs k >= 1, T >= 0 and context_budget_tokens >= 0; got k={self.k}, "
-                              f"T={self.T}, context_budget_tokens={self.context_budget_tokens}")
-        if min(self.decision_max_tokens, self.query_max_tokens, self.answer_max_tokens) < 1:
-            raise ConfigError("evoctx decision/query/answer max tokens must be at least 1")
+        check_ranges(self)
         if self.rule not in RULES:
             raise ConfigError(f"unknown evoctx rule {self.rule!r}{close_matches(self.rule, RULES)}")
         if self.ablation not in ABLATIONS:
@@ -171,8 +168,6 @@ class EvoCtxSettings:
         if self.context_keep not in CONTEXT_KEEP:
             raise ConfigError(f"evoctx context_keep must be one of {', '.join(CONTEXT_KEEP)}, "
                               f"got {self.context_keep!r}")
-        check_thresholds(self.thresholds)
-        check_percentile(self.tail_percentile)
         make_encoder(self.encoder)
         decision_llm_spec(self.decision_llm)
 

@@ -33,6 +33,7 @@ from metarag.methods.evoctx import CONTEXT_KEEP, extend_context
 from metarag.methods.runner import Policy
 from metarag.parsing import clean_answer, final_after, parse_step
 from metarag.records import Hit, Question
+from metarag.settings import check_ranges, setting
 
 STEP_TASK = (
     "Question: {question}\n{chain}"
@@ -80,21 +81,17 @@ class IterDRAGSettings:
     bound each generation.
     """
 
-    k: int = 5
-    T: int = 8
-    context_budget_tokens: int = 1024
+    k: int = setting(5, ge=1)
+    T: int = setting(8, ge=0)
+    context_budget_tokens: int = setting(1024, ge=0)
     context_keep: str = "first"
     exclude_seen: bool = False
     on_repeat: str = "answer"
-    step_max_tokens: int = 64
-    answer_max_tokens: int = 32
+    step_max_tokens: int = setting(64, ge=1)
+    answer_max_tokens: int = setting(32, ge=1)
 
     def __post_init__(self) -> None:
-        if self.k < 1 or self.T < 0 or self.context_budget_tokens < 0:
-            raise ConfigError(f"iterdrag needs k >= 1, T >= 0 and context_budget_tokens >= 0; got k={self.k}, "
-                              f"T={self.T}, context_budget_tokens={self.context_budget_tokens}")
-        if self.step_max_tokens < 1 or self.answer_max_tokens < 1:
-            raise ConfigError("iterdrag step_max_tokens and answer_max_tokens must be at least 1")
+        check_ranges(self)
         if self.on_repeat not in ON_REPEAT:
             raise ConfigError(f"iterdrag on_repeat must be one of {', '.join(ON_REPEAT)}, got {self.on_repeat!r}")
         if self.context_keep not in CONTEXT_KEEP:

@@ -37,6 +37,7 @@ from metarag.methods.evidence import evidence_prompt, format_passages
 from metarag.methods.runner import Policy
 from metarag.parsing import clean_answer, marked_answer
 from metarag.records import Hit, Message, Question
+from metarag.settings import check_ranges, setting
 
 REASON_TASK = ("Question: {question}\n{guidance}"
                "Think step by step in at most three short sentences, then give the final answer on a last "
@@ -71,15 +72,18 @@ class MetaRAGSettings:
     in for the T5-XXL NLI model ("cross-encoder:PATH" for an NLI CrossEncoder directory).
     """
 
-    k: int = 5
-    threshold: float = 0.4
-    max_iter: int = 5
+    k: int = setting(5, ge=1)
+    threshold: float = setting(0.4, ge=0, le=1)
+    max_iter: int = setting(5, ge=0)
     similarity: str = "minilm"
     expert: str = "llm"
     entailment: str = "llm"
-    entailment_threshold: float = 0.5
-    reason_max_tokens: int = 160
-    query_max_tokens: int = 32
+    entailment_threshold: float = setting(0.5, ge=0, le=1)
+    reason_max_tokens: int = setting(160, ge=1)
+    query_max_tokens: int = setting(32, ge=1)
+
+    def __post_init__(self) -> None:
+        check_ranges(self)
 
 
 class MetaRAG:

@@ -31,6 +31,7 @@ from metarag.methods.evidence import evidence_prompt, format_passages
 from metarag.methods.runner import Policy
 from metarag.parsing import parse_answer_rationale, parse_query
 from metarag.records import Hit, Message, Question
+from metarag.settings import check_ranges, setting
 
 # The official reasoner prompt (force_answer_prompt and its "Answer: / Rationale:" format), put after
 # the shared evidence prefix so the reasoner, the critic and the query writer share the KV cache.
@@ -63,21 +64,17 @@ class SimRAGSettings:
     query_max_tokens = 32 for one search query.
     """
 
-    k: int = 5
-    k_followup: int = 2
-    max_turns: int = 4
+    k: int = setting(5, ge=0)
+    k_followup: int = setting(2, ge=1)
+    max_turns: int = setting(4, ge=0)
     critic: str = "llm"
     critic_labels: tuple[str, ...] = ("Yes", "No")
-    accept_threshold: float = 0.5
-    max_tokens: int = 128
-    query_max_tokens: int = 32
+    accept_threshold: float = setting(0.5, ge=0, le=1)
+    max_tokens: int = setting(128, ge=1)
+    query_max_tokens: int = setting(32, ge=1)
 
     def __post_init__(self) -> None:
-        if self.k < 0 or self.k_followup < 1 or self.max_turns < 0:
-            raise ConfigError(f"sim-rag needs k >= 0, k_followup >= 1 and max_turns >= 0; got k={self.k}, "
-                              f"k_followup={self.k_followup}, max_turns={self.max_turns}")
-        if self.max_tokens < 1 or self.query_max_tokens < 1:
-            raise ConfigError("sim-rag max_tokens and query_max_tokens must be at least 1")
+        check_ranges(self)
         if not self.critic.strip():
             raise ConfigError("sim-rag critic must be 'llm' or the folder of a trained critic")
 

@@ -15,6 +15,7 @@ from metarag.methods.evidence import format_passages
 from metarag.methods.runner import Policy
 from metarag.parsing import clean_answer
 from metarag.records import Message, Question
+from metarag.settings import check_ranges, setting
 
 SYSTEM = ("Answer the question using the passages. Give a short answer only: a name, a date, a number, "
           "a short phrase, or yes/no. Do not explain.")
@@ -26,8 +27,11 @@ class StandardRAGSettings:
     """Standard RAG settings: k = 5 passages (study §4.3.2: 'we retain the top five passages'),
     greedy decoding (§4.3.1)."""
 
-    k: int = 5
-    max_tokens: int = 32
+    k: int = setting(5, ge=1)
+    max_tokens: int = setting(32, ge=1)
+
+    def __post_init__(self) -> None:
+        check_ranges(self)
 
 
 class StandardRAG:

@@ -17,6 +17,7 @@ from metarag.parsing import NO_IDS, parse_permutation
 from metarag.records import Hit, Message, Passage, Usage
 from metarag.rerank.base import Reranked
 from metarag.rerank.pointwise import passage_excerpt
+from metarag.settings import check_ranges, setting
 
 # RankGPT's prompt (Sun et al., 2023), reworded: the system role, the passages as [1] ... [n] in one
 # user turn (RankGPT sends one turn per passage, which costs template tokens on every passage), and
@@ -60,20 +61,15 @@ class ListwiseSettings:
     in the window ("[12] > " is 5 to 6 tokens) plus 16.
     """
 
-    window: int = 20
-    step: int = 10
-    max_words: int = 100
-    max_answer_tokens: int | None = None
+    window: int = setting(20, ge=2)
+    step: int = setting(10, ge=1)
+    max_words: int = setting(100, ge=1)
+    max_answer_tokens: int | None = setting(None, ge=1)
 
     def __post_init__(self) -> None:
-        if self.window < 2:
-            raise ConfigError(f"listwise window must be >= 2, got {self.window}")
-        if not 1 <= self.step <= self.window:
+        check_ranges(self)
+        if self.step > self.window:
             raise ConfigError(f"listwise step must be within 1..window ({self.window}), got {self.step}")
-        if self.max_words < 1:
-            raise ConfigError(f"listwise max_words must be >= 1, got {self.max_words}")
-        if self.max_answer_tokens is not None and self.max_answer_tokens < 1:
-            raise ConfigError(f"listwise max_answer_tokens must be >= 1, got {self.max_answer_tokens}")
 
     def answer_tokens(self, n: int) -> int:
         """The generation budget for ranking a window of n passages."""

@@ -20,6 +20,7 @@ from metarag.errors import BackendError, ConfigError, DataError, MissingDependen
 from metarag.llm.base import LLM
 from metarag.records import Hit, Message, Passage, Usage
 from metarag.rerank.base import Reranked
+from metarag.settings import check_ranges, setting
 
 # The fixed instruction and the question come first and the passage last, so every candidate's
 # prompt shares the same prefix and llama.cpp evaluates only the passage tokens after the first.
@@ -54,11 +55,10 @@ class LLMJudgeSettings:
     cross-encoders; HotpotQA paragraphs are 81 words at the median, so few are cut.
     """
 
-    max_words: int = 200
+    max_words: int = setting(200, ge=1)
 
     def __post_init__(self) -> None:
-        if self.max_words < 1:
-            raise ConfigError(f"LLM judge max_words must be >= 1, got {self.max_words}")
+        check_ranges(self)
 
 
 class LLMJudgeReranker:
@@ -107,14 +107,13 @@ class CrossEncoderSettings:
     """
 
     path: str
-    batch_size: int = 32
-    max_length: int | None = None
+    batch_size: int = setting(32, ge=1)
+    max_length: int | None = setting(None, ge=1)
 
     def __post_init__(self) -> None:
         if not self.path:
             raise ConfigError("the cross-encoder reranker needs a model folder: cross-encoder:PATH")
-        if self.batch_size < 1:
-            raise ConfigError(f"cross-encoder batch_size must be >= 1, got {self.batch_size}")
+        check_ranges(self)
 
 
 def check_cross_encoder_folder(path: str) -> Path:
@@ -193,11 +192,10 @@ class CosineSettings:
     """
 
     encoder: str | None = None
-    batch_size: int = 64
+    batch_size: int = setting(64, ge=1)
 
     def __post_init__(self) -> None:
-        if self.batch_size < 1:
-            raise ConfigError(f"cosine batch_size must be >= 1, got {self.batch_size}")
+        check_ranges(self)
 
 
 class CosineReranker:

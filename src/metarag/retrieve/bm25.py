@@ -18,6 +18,7 @@ import numpy as np
 from metarag.errors import ConfigError, DataError, MissingDependency, close_matches
 from metarag.records import Hit, Passage
 from metarag.retrieve.index import LRUCache, cached_search, read_meta, saved_settings, write_meta
+from metarag.settings import check_ranges, setting
 
 BM25_METHODS = ("lucene", "robertson", "atire", "bm25l", "bm25+")
 
@@ -33,22 +34,17 @@ class BM25Settings:
     does not shape the index (see `index_fields`).
     """
 
-    k1: float = 0.9
-    b: float = 0.4
+    k1: float = setting(0.9, ge=0)
+    b: float = setting(0.4, ge=0, le=1)
     method: str = "lucene"
     stopwords: str | None = "en"
-    cache_size: int = 1024
+    cache_size: int = setting(1024, ge=0)
 
     def __post_init__(self) -> None:
         if self.method not in BM25_METHODS:
             hint = close_matches(self.method, BM25_METHODS)
             raise ConfigError(f"unknown BM25 method {self.method!r}{hint}")
-        if self.k1 < 0:
-            raise ConfigError(f"BM25 k1 must be >= 0, got {self.k1}")
-        if not 0 <= self.b <= 1:
-            raise ConfigError(f"BM25 b must be within [0, 1], got {self.b}")
-        if self.cache_size < 0:
-            raise ConfigError(f"BM25 cache_size must be >= 0, got {self.cache_size}")
+        check_ranges(self)
 
 
 # Settings that change how a search runs, not what the index holds: never a reason to rebuild.
@@ -102,6 +98,10 @@ class BM25Retriever:
         if not passages:
             raise DataError("cannot index an empty corpus")
         tokens = _tokenize(bm25s, [p.contents() for p in passages], settings, show_progress)
+        if not any(tokens):
+            words = "blank, punctuation or stopwords" if settings.stopwords else "blank or punctuation"
+            raise DataError(f"none of the corpus's {len(passages)} passages has a word BM25 can index (all "
+                            f"{words}): nothing to search")
         engine = bm25s.BM25(k1=settings.k1, b=settings.b, method=settings.method)
         engine.index(tokens, show_progress=show_progress)
         return cls(passages, engine, settings)

@@ -21,6 +21,7 @@ import numpy as np
 from metarag.errors import BackendError, ConfigError, DataError, MissingDependency, close_matches
 from metarag.records import Hit, Passage
 from metarag.retrieve.index import LRUCache, cached_search, read_meta, saved_settings, write_meta
+from metarag.settings import check_ranges, setting
 
 INDEX_FILE = "faiss.index"
 ANN_KINDS = ("hnsw", "ivf")
@@ -45,30 +46,24 @@ class DenseSettings:
     """
 
     encoder: str | None = None
-    batch_size: int = 64
+    batch_size: int = setting(64, ge=1)
     normalize: bool = True
     query_prefix: str = ""
     passage_prefix: str = ""
     ann: str = "hnsw"
-    ann_threshold: int = 200_000
-    hnsw_m: int = 32
-    hnsw_ef_construction: int = 80
-    hnsw_ef_search: int = 128
-    ivf_nlist: int = 0
-    ivf_nprobe: int = 32
-    chunk_size: int = 4096
-    cache_size: int = 1024
+    ann_threshold: int = setting(200_000, ge=0)
+    hnsw_m: int = setting(32, ge=1)
+    hnsw_ef_construction: int = setting(80, ge=1)
+    hnsw_ef_search: int = setting(128, ge=1)
+    ivf_nlist: int = setting(0, ge=0)
+    ivf_nprobe: int = setting(32, ge=1)
+    chunk_size: int = setting(4096, ge=1)
+    cache_size: int = setting(1024, ge=0)
 
     def __post_init__(self) -> None:
         if self.ann not in ANN_KINDS:
             raise ConfigError(f"unknown approximate index {self.ann!r}{close_matches(self.ann, ANN_KINDS)}")
-        for name in ("batch_size", "hnsw_m", "hnsw_ef_construction", "hnsw_ef_search", "ivf_nprobe",
-                     "chunk_size"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"dense {name} must be >= 1, got {getattr(self, name)}")
-        for name in ("ann_threshold", "ivf_nlist", "cache_size"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"dense {name} must be >= 0, got {getattr(self, name)}")
+        check_ranges(self)
 
 
 # Fields the fingerprint leaves out: they change how a search runs or a build proceeds, not what

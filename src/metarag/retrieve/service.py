@@ -11,11 +11,12 @@ import json
 import logging
 import socket
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-from metarag.errors import BackendError, DataError, MetaRAGError, MissingDependency
+from metarag.errors import BackendError, ConfigError, DataError, MetaRAGError, MissingDependency
 from metarag.records import Hit
 from metarag.retrieve.base import Retriever
 from metarag.retrieve.fusion import batch_search
@@ -42,6 +43,8 @@ def parse_request(body: bytes, *, max_topk: int = 1000, max_queries: int = 4096)
         payload = json.loads(body)
     except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError both
         raise DataError(f"the request body is not JSON: {exc}") from None
+    except RecursionError:  # nesting deeper than the parser's stack: no request is shaped like that
+        raise DataError("the request body is nested too deeply to be a retrieve request") from None
     if not isinstance(payload, dict):
         raise DataError(f'the request body must be a JSON object {{"queries": [...], "topk": k}}, '
                         f"not {type(payload).__name__}")
@@ -145,11 +148,14 @@ def make_app(retriever: Retriever, *, max_topk: int = 1000, max_queries: int = 4
     return app
 
 
-def serve(retriever: Retriever, host: str = "127.0.0.1", port: int = 8000, *, log_level: str = "info") -> None:
+def serve(retriever: Retriever, host: str = "127.0.0.1", port: int = 8000, *, log_level: str = "info",
+          on_listening: Callable[[str], None] | None = None) -> None:
     """Serve `retriever` on `host:port` until interrupted (loopback only unless `host` says otherwise).
 
-    A port that cannot be listened on raises BackendError naming it. Requests are not logged one
-    by one (an evaluation sends thousands); start-up and errors are, at `log_level`.
+    A host or port that cannot be listened on raises BackendError naming it (ConfigError for one
+    that is no address: an empty host, a port outside 0..65535). `on_listening` is called with the
+    service's URL once the socket is bound, before the first request is served. Requests are not
+    logged one by one (an evaluation sends thousands); start-up and errors are, at `log_level`.
     """
     _, uvicorn = _import_server()
     sock = _listen(host, port)
@@ -159,19 +165,32 @@ def serve(retriever: Retriever, host: str = "127.0.0.1", port: int = 8000, *, lo
     logging.getLogger("uvicorn.error").info("metarag retrieval service: %s over %s passages at http://%s:%d",
                                             retriever.name, passage_count(retriever), where,
                                             sock.getsockname()[1])
+    if on_listening is not None:
+        on_listening(f"http://{where}:{sock.getsockname()[1]}")
     uvicorn.Server(config).run(sockets=[sock])
+
+
+def check_address(host: str, port: int) -> None:
+    """ConfigError unless `host` is a non-empty host name or address and `port` is in 0..65535 (0: a
+    free one). An empty host would bind every interface: that must be said ("0.0.0.0"), not implied."""
+    if not isinstance(host, str) or not host.strip():
+        raise ConfigError('the host is empty; give an address such as 127.0.0.1 (or 0.0.0.0 for every interface)')
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+        raise ConfigError(f"the port must be an integer in 0..65535 (0: a free one), got {port!r}")
 
 
 def _listen(host: str, port: int) -> socket.socket:
     """A socket bound to `host:port` (port 0: a free one), or BackendError saying why not."""
+    check_address(host, port)
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
-    except OSError as exc:
+    except (OSError, OverflowError, UnicodeError) as exc:  # gaierror for an unknown host name is an OSError
         sock.close()
-        raise BackendError(f"the retrieval service cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+        reason = getattr(exc, "strerror", None) or exc
+        raise BackendError(f"the retrieval service cannot listen on {host}:{port}: {reason}") from None
     return sock
 
 

@@ -75,7 +75,7 @@ def check_training_split(dataset: Dataset, allow_any: bool = False) -> None:
     musique-train100, demo); any other preset (hotpotqa-dev500, 2wiki-dev1000, bamboogle ...) is
     refused. A user file is allowed when its name says it is a training split ("train" at the start
     of the file name or after a non-letter: train.json, hotpotqa_train.json, my-train-set.jsonl);
-    any other file needs `allow_any=True` (`--allow-any-dataset`), the user's word that it is.
+    any other file needs `allow_any=True` (`--allow-any`), the user's word that it is.
     """
     name = dataset.name
     if name in TRAINING_PRESETS:
@@ -87,7 +87,7 @@ def check_training_split(dataset: Dataset, allow_any: bool = False) -> None:
         return
     raise ConfigError(f"the file {dataset.path} is not named as a training split: to train a critic on it, "
                       "rename it to say 'train' (e.g. my_train.json) or pass allow_any=True "
-                      "(--allow-any-dataset) if it holds no evaluation questions")
+                      "(--allow-any) if it holds no evaluation questions")
 
 
 # ----------------------------------------------------------------------------------- self-practice
