@@ -5,7 +5,7 @@ It answers `GET /v1/models`, `POST /v1/chat/completions` and `POST /v1/completio
 "hang" accepts requests and never answers (until stopped), "error" answers HTTP 500. It can be
 stopped and started again on the same port, as a server that dies and comes back.
 
-    python tests/fake_openai.py --port 8011 [--answer Paris] [--mode ok|hang|error]
+    python tests/fake_openai.py --port 8011 [--answer Paris] [--mode ok|hang|error] [--delay SECONDS]
 """
 from __future__ import annotations
 
@@ -20,9 +20,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 class FakeOpenAIServer:
     """The server in a background thread; `requests` counts the completion requests answered."""
 
-    def __init__(self, port: int = 0, answer: Callable[[str], str] | str = "Paris", mode: str = "ok"):
+    def __init__(self, port: int = 0, answer: Callable[[str], str] | str = "Paris", mode: str = "ok",
+                 delay_s: float = 0.0):
         self.answer = answer if callable(answer) else (lambda prompt, text=answer: text)
         self.mode = mode
+        self.delay_s = delay_s  # before each completion, as a model would take
         self.port = port
         self.requests = 0
         self._httpd: ThreadingHTTPServer | None = None
@@ -91,6 +93,7 @@ def _handler(server: FakeOpenAIServer):
             body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
             if self._misbehave():
                 return
+            time.sleep(server.delay_s)
             usage = {"prompt_tokens": 10, "completion_tokens": 1, "total_tokens": 11}
             if self.path == "/v1/chat/completions":
                 prompt = "\n".join(str(m.get("content", "")) for m in body.get("messages", []))
@@ -115,8 +118,9 @@ def main() -> None:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--answer", default="Paris")
     parser.add_argument("--mode", default="ok", choices=("ok", "hang", "error"))
+    parser.add_argument("--delay", type=float, default=0.0, help="seconds before each completion")
     args = parser.parse_args()
-    server = FakeOpenAIServer(args.port, args.answer, args.mode).start()
+    server = FakeOpenAIServer(args.port, args.answer, args.mode, args.delay).start()
     print(f"fake OpenAI server on {server.url} ({args.mode})", flush=True)
     try:
         while True:
