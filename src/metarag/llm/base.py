@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -43,6 +43,19 @@ class TokenIds:
 
 
 Prompt = str | Sequence[Message] | TokenIds
+
+
+@dataclass(frozen=True)
+class Internals:
+    """What a back-end with the weights at hand (transformers) returns when a request asks:
+    `token_ids` = prompt then output, the first `n_prompt` being the prompt's; `attentions` one
+    (heads, T, T) array per layer; `hidden_states` one (T, width) array per layer, embeddings first.
+    Live arrays: kept in `Completion.internals`, never serialized."""
+
+    token_ids: tuple[int, ...]
+    n_prompt: int
+    attentions: tuple[Any, ...] | None = None
+    hidden_states: tuple[Any, ...] | None = None
 
 
 @dataclass(frozen=True)

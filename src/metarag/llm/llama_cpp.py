@@ -20,9 +20,24 @@ from dataclasses import dataclass
 import numpy as np
 
 from metarag.errors import BackendError, ConfigError, MissingDependency
-from metarag.llm.base import Decoding, Prompt, as_messages, is_raw
+from metarag.llm.base import (
+    Decoding,
+    Prompt,
+    TokenIds,
+    TokenStream,
+    as_messages,
+    entropy_of,
+    is_raw,
+    label_plan,
+    label_prefixes,
+    label_probs,
+    log_softmax,
+    render_continuing,
+    sample_token,
+    top_alternatives,
+)
 from metarag.llm.models import check_gguf_path, embedded_model, ensure_gguf, file_sha256
-from metarag.records import Completion, LabelScores, Message, TokenLogprob, Usage
+from metarag.records import Completion, LabelScores, Message, Usage
 
 
 @dataclass(frozen=True)
@@ -75,45 +90,63 @@ class LlamaCppLLM:
         self._lock = threading.Lock()
 
     # -------------------------------------------------------------------------------- protocol
-    def complete(self, prompt: str, decoding: Decoding = Decoding()) -> Completion:
+    def complete(self, prompt: str | TokenIds, decoding: Decoding = Decoding()) -> Completion:
+        tokens = self._check_fits(list(prompt.ids)) if isinstance(prompt, TokenIds) else self.tokenize(prompt)
         with self._lock:
-            return self._generate(self.tokenize(prompt), decoding)
+            return self._generate(tokens, decoding)
 
     def chat(self, messages: Sequence[Message], decoding: Decoding = Decoding()) -> Completion:
         with self._lock:
             return self._generate(self.tokenize(self.render(messages)), decoding)
 
     def score_labels(self, prompt: Prompt, labels: Sequence[str]) -> LabelScores:
-        """Softmax probability of each label's first token at the next position. Label strings are
-        tokenized as written ("Yes", not " Yes"): after a chat template's assistant header the model's
-        first token carries no leading space."""
-        messages = as_messages(prompt)
-        text = messages[0].content if is_raw(messages) else self.render(messages)
+        """Whole-label probabilities by the shared rule (`metarag.llm.base.label_plan`): each
+        label's variants teacher-forced after the prompt, their token probabilities multiplied."""
+        plans = label_plan(labels, self._label_tokens)
+        if isinstance(prompt, TokenIds):
+            tokens = self._check_fits(list(prompt.ids))
+        else:
+            messages = as_messages(prompt)
+            tokens = self.tokenize(messages[0].content if is_raw(messages) else self.render(messages))
         start = time.perf_counter()
-        tokens = self.tokenize(text)
         with self._lock:
             cached = self._evaluate(tokens)
-            logprobs = self._logprobs()
-        probs = []
-        for label in labels:
-            label_tokens = self._llm.tokenize(label.encode(), add_bos=False, special=False)
-            if not label_tokens:
-                raise ConfigError(f"label {label!r} has no tokens")
-            probs.append(float(np.exp(logprobs[label_tokens[0]])))
+            dists = {(): self._logprobs()}
+            for prefix in label_prefixes(plans):
+                if prefix not in dists:
+                    self._llm.n_tokens = len(tokens)  # back to the prompt, then the label tokens
+                    self._llm.eval(list(prefix))
+                    dists[prefix] = self._logprobs()
+        probs = label_probs(plans, lambda prefix, token: float(dists[prefix][token]))
         usage = Usage(prompt_tokens=len(tokens), cached_tokens=cached,
                       latency_s=time.perf_counter() - start, llm_requests=1)
-        return LabelScores(tuple(labels), tuple(probs), usage)
+        return LabelScores(tuple(labels), probs, usage)
 
     # ------------------------------------------------------------------------------ templating
     def render(self, messages: Sequence[Message]) -> str:
-        """Messages rendered with the GGUF's chat template, the assistant turn opened."""
+        """Messages rendered with the GGUF's chat template, the assistant turn opened (a final
+        assistant message is continued)."""
+        return render_continuing(messages, self._render_open)
+
+    def _render_open(self, messages: Sequence[Message]) -> str:
         return self._formatter(messages=[{"role": m.role, "content": m.content} for m in messages]).prompt
 
     def tokenize(self, text: str) -> list[int]:
-        tokens = self._llm.tokenize(text.encode("utf-8"), add_bos=True, special=True)
+        """Token ids of a prompt text (BOS added where the model uses one, special tokens parsed)."""
+        return self._check_fits(self._llm.tokenize(text.encode("utf-8"), add_bos=True, special=True))
+
+    def detokenize(self, ids: Sequence[int]) -> str:
+        return self._llm.detokenize(list(ids)).decode("utf-8", errors="replace")
+
+    def _label_tokens(self, label: str) -> list[int]:
+        return self._llm.tokenize(label.encode("utf-8"), add_bos=False, special=False)
+
+    def _check_fits(self, tokens: list[int]) -> list[int]:
         if len(tokens) >= self.settings.n_ctx:
             raise BackendError(f"prompt of {len(tokens)} tokens does not fit the context of "
                                f"{self.settings.n_ctx} tokens (raise n_ctx or retrieve fewer passages)")
+        if not tokens:
+            raise BackendError("the prompt has no tokens")
         return tokens
 
     def _chat_formatter(self):
@@ -131,45 +164,34 @@ class LlamaCppLLM:
 
     # -------------------------------------------------------------------------------- decoding
     def _generate(self, tokens: list[int], decoding: Decoding) -> Completion:
+        """The shared stop, sampling and token rules (`metarag.llm.base`), token by token."""
         start = time.perf_counter()
         cached = self._evaluate(tokens)
         budget = min(decoding.max_tokens, self.settings.n_ctx - len(tokens) - 1)
         rng = np.random.default_rng(decoding.seed)
         out: list[int] = []
-        text_bytes = b""
-        top: list[TokenLogprob] = []
-        finish = "length"
-        text = ""
+        raw = b""
+        stream = TokenStream(decoding.stop)
+        eos = False
         while len(out) < budget:
             logits = self._logits()
-            if decoding.temperature <= 0:
-                token = int(np.argmax(logits))
-            else:
-                scaled = (logits - logits.max()) / decoding.temperature
-                p = np.exp(scaled)
-                token = int(rng.choice(self._n_vocab, p=p / p.sum()))
+            token = sample_token(logits, decoding, rng)
             if self._lib.llama_vocab_is_eog(self._vocab, token):
-                finish = "stop"
+                eos = True
                 break
-            if decoding.logprobs:
-                lp = self._logprobs(logits)
-                best = np.argpartition(-lp, decoding.logprobs)[: decoding.logprobs]
-                best = best[np.argsort(-lp[best])]
-                top.append(TokenLogprob(self._piece(token), float(lp[token]),
-                                        tuple((self._piece(int(t)), float(lp[t])) for t in best)))
+            lp = log_softmax(logits)
+            piece = self._llm.detokenize([token], prev_tokens=tokens + out)
             out.append(token)
-            text_bytes += self._llm.detokenize([token], prev_tokens=tokens + out[:-1])
-            text = text_bytes.decode("utf-8", errors="ignore")
-            hit = [text.find(s) for s in decoding.stop if s and s in text]
-            if hit:
-                text, finish = text[: min(hit)], "stop"
+            raw += piece
+            top = top_alternatives(lp, decoding.logprobs, self._piece)
+            if stream.push(token, piece.decode("utf-8", errors="replace"), raw.decode("utf-8", errors="ignore"),
+                           float(lp[token]), top, entropy_of(lp)):
                 break
             self._llm.eval([token])
-        else:
-            text = text_bytes.decode("utf-8", errors="replace")
+        text, finish, stop = stream.finish(ended_by_eos=eos)
         usage = Usage(prompt_tokens=len(tokens), completion_tokens=len(out), cached_tokens=cached,
                       latency_s=time.perf_counter() - start, llm_requests=1)
-        return Completion(text, usage, tuple(top) if decoding.logprobs else None, finish)
+        return Completion(text, usage, tuple(stream.tokens), finish, stop, tuple(tokens))
 
     def _evaluate(self, tokens: list[int]) -> int:
         """Bring the context to the state after `tokens`, recomputing as little as possible; returns
@@ -195,9 +217,7 @@ class LlamaCppLLM:
         return np.ctypeslib.as_array(ptr, shape=(self._n_vocab,)).astype(np.float32, copy=True)
 
     def _logprobs(self, logits: np.ndarray | None = None) -> np.ndarray:
-        logits = self._logits() if logits is None else logits
-        shifted = logits - logits.max()
-        return shifted - np.log(np.exp(shifted).sum())
+        return log_softmax(self._logits() if logits is None else logits)
 
     def _piece(self, token: int) -> str:
         return self._llm.detokenize([token]).decode("utf-8", errors="replace")

@@ -14,7 +14,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from metarag.errors import BackendError, ConfigError, MissingDependency
-from metarag.llm.base import Decoding, Prompt, as_messages, is_raw
+from metarag.llm.base import (
+    Decoding,
+    Prompt,
+    TokenIds,
+    as_messages,
+    is_raw,
+    label_plan,
+    render_continuing,
+    split_prefix,
+)
 from metarag.records import Completion, LabelScores, Message, TokenLogprob, Usage
 
 
@@ -25,6 +34,10 @@ class OpenAISettings:
     `api_key_env` names the environment variable holding the key (local servers accept any key, so
     a missing variable falls back to "EMPTY", as vLLM's documentation does). `top_logprobs_for_labels`
     is the number of alternatives requested to read label probabilities (OpenAI allows at most 20).
+    `chat_template` (a Jinja chat template, or "gguf:PATH" to read the one in a GGUF file) renders
+    conversations here and sends them to the completions endpoint: then `render` works, a final
+    assistant message is continued, and multi-token labels are scored exactly after a chat. Without
+    it the server renders, and continuing an assistant turn is refused.
     """
 
     base_url: str = "http://127.0.0.1:8000/v1"
@@ -34,6 +47,7 @@ class OpenAISettings:
     max_retries: int = 4
     backoff_s: float = 1.0
     top_logprobs_for_labels: int = 20
+    chat_template: str = ""
 
 
 class OpenAICompatLLM:
@@ -54,55 +68,141 @@ class OpenAICompatLLM:
         self.identity = f"openai:{settings.model}@{settings.base_url}"
 
     # -------------------------------------------------------------------------------- protocol
-    def complete(self, prompt: str, decoding: Decoding = Decoding()) -> Completion:
-        kwargs = dict(model=self.settings.model, prompt=prompt, max_tokens=decoding.max_tokens,
-                      temperature=decoding.temperature, seed=decoding.seed)
+    # What the HTTP API gives: tokens (text and log-prob, top alternatives) only when logprobs are
+    # asked; no token ids and no entropy (only the top alternatives come back). The server applies
+    # the stop rule (text cut before the stop string); it does not say which stop string fired
+    # (finish "stop", `stop` None) unless it reports `stop_reason` (vLLM).
+    def complete(self, prompt: str | TokenIds, decoding: Decoding = Decoding()) -> Completion:
+        sent = list(prompt.ids) if isinstance(prompt, TokenIds) else prompt
+        kwargs = dict(model=self.settings.model, prompt=sent, max_tokens=decoding.max_tokens,
+                      temperature=decoding.temperature, seed=decoding.seed, **self._sampling(decoding))
         if decoding.stop:
             kwargs["stop"] = list(decoding.stop)
         if decoding.logprobs:
             kwargs["logprobs"] = decoding.logprobs
         response, latency = self._call(self.client.completions.create, **kwargs)
         choice = response.choices[0]
-        logprobs = None
+        tokens = None
         if decoding.logprobs and choice.logprobs is not None and choice.logprobs.tokens:
             lp = choice.logprobs
-            logprobs = tuple(
-                TokenLogprob(tok, float(lp.token_logprobs[i] if lp.token_logprobs[i] is not None else 0.0),
-                             tuple(sorted(((t, float(v)) for t, v in (lp.top_logprobs[i] or {}).items()),
-                                          key=lambda tv: -tv[1])) if lp.top_logprobs else ())
+            tokens = _with_offsets(
+                (tok, float(lp.token_logprobs[i] if lp.token_logprobs[i] is not None else 0.0),
+                 tuple(sorted(((t, float(v)) for t, v in (lp.top_logprobs[i] or {}).items()),
+                              key=lambda tv: -tv[1]))[:decoding.logprobs] if lp.top_logprobs else ())
                 for i, tok in enumerate(lp.tokens))
-        return Completion(choice.text or "", self._usage(response, latency), logprobs,
-                          choice.finish_reason or "stop")
+        return self._completion(choice, choice.text or "", response, latency, tokens, decoding,
+                                tuple(prompt.ids) if isinstance(prompt, TokenIds) else None)
 
     def chat(self, messages: Sequence[Message], decoding: Decoding = Decoding()) -> Completion:
+        if self.settings.chat_template:
+            return self.complete(self.render(messages), decoding)
+        if split_prefix(messages)[1] is not None:
+            raise ConfigError("the openai back-end cannot continue an assistant turn through the chat API: "
+                              "set OpenAISettings.chat_template (a template, or gguf:PATH) to render here")
         kwargs = dict(model=self.settings.model, messages=[{"role": m.role, "content": m.content}
                                                            for m in messages],
-                      max_tokens=decoding.max_tokens, temperature=decoding.temperature, seed=decoding.seed)
+                      max_tokens=decoding.max_tokens, temperature=decoding.temperature, seed=decoding.seed,
+                      **self._sampling(decoding))
         if decoding.stop:
             kwargs["stop"] = list(decoding.stop)
         if decoding.logprobs:
             kwargs.update(logprobs=True, top_logprobs=decoding.logprobs)
         response, latency = self._call(self.client.chat.completions.create, **kwargs)
         choice = response.choices[0]
-        logprobs = None
+        tokens = None
         if decoding.logprobs and choice.logprobs is not None and choice.logprobs.content:
-            logprobs = tuple(TokenLogprob(t.token, float(t.logprob),
-                                          tuple((a.token, float(a.logprob)) for a in (t.top_logprobs or ())))
-                             for t in choice.logprobs.content)
-        return Completion(choice.message.content or "", self._usage(response, latency), logprobs,
-                          choice.finish_reason or "stop")
+            tokens = _with_offsets((t.token, float(t.logprob),
+                                    tuple((a.token, float(a.logprob)) for a in (t.top_logprobs or ())))
+                                   for t in choice.logprobs.content)
+        return self._completion(choice, choice.message.content or "", response, latency, tokens, decoding, None)
+
+    def render(self, messages: Sequence[Message]) -> str:
+        """The conversation rendered with `chat_template` (the server's own rendering is not visible)."""
+        if not self.settings.chat_template:
+            raise ConfigError("the openai back-end renders on the server; set OpenAISettings.chat_template "
+                              "(a template, or gguf:PATH) to render here")
+        return render_continuing(messages, self._template())
 
     def score_labels(self, prompt: Prompt, labels: Sequence[str]) -> LabelScores:
-        """Label probabilities from the top log-probs of one generated token. A label whose first
-        token is not among the returned alternatives gets probability 0 (a server returns at most
-        `top_logprobs_for_labels` of them); leading spaces and case are matched exactly."""
-        messages = as_messages(prompt)
+        """Whole-label probabilities from the top log-probs of generated tokens, without a tokenizer.
+
+        Label collisions are checked on text (a variant that starts another label's variant). A
+        variant's probability is summed over the ways the returned alternatives spell it: an
+        alternative equal to the rest of the variant ends it; one that starts it is continued by
+        another one-token request on the prompt text plus that piece (the server re-tokenizes it).
+        A continuation needs a text prompt: a raw prompt, or a conversation with `chat_template`.
+        Through the server's own chat rendering only one-token spellings are counted (a lower
+        bound). An alternative outside the `top_logprobs_for_labels` returned counts 0."""
+        plans = label_plan(labels, lambda v: [ord(c) for c in v])  # text-level collision check
+        variants = [["".join(map(chr, seq)) for seq in seqs] for seqs in plans]
         decoding = Decoding(max_tokens=1, logprobs=self.settings.top_logprobs_for_labels)
-        completion = (self.complete(messages[0].content, decoding) if is_raw(messages)
-                      else self.chat(messages, decoding))
-        top = dict(completion.logprobs[0].top) if completion.logprobs else {}
-        probs = tuple(math.exp(top[label]) if label in top else 0.0 for label in labels)
-        return LabelScores(tuple(labels), probs, completion.usage)
+        if isinstance(prompt, TokenIds):
+            raise ConfigError("the openai back-end scores labels on text prompts, not token ids")
+        messages = as_messages(prompt)
+        text = messages[0].content if is_raw(messages) else (self.render(messages) if self.settings.chat_template
+                                                              else None)
+        usage = Usage()
+        tops: dict[str, dict[str, float]] = {}
+
+        def top_after(piece: str) -> dict[str, float]:
+            nonlocal usage
+            if piece not in tops:
+                if text is None:
+                    completion = self.chat(messages, decoding)
+                else:
+                    completion = self.complete(text + piece, decoding)
+                usage = usage + completion.usage
+                tops[piece] = dict(completion.tokens[0].top) if completion.tokens else {}
+            return tops[piece]
+
+        def prob(done: str, rest: str) -> float:
+            total = 0.0
+            for tok, lp in top_after(done).items():
+                if not tok or not rest.startswith(tok):
+                    continue
+                if tok == rest:
+                    total += math.exp(lp)
+                elif text is not None:
+                    total += math.exp(lp) * prob(done + tok, rest[len(tok):])
+            return total
+
+        probs = tuple(min(1.0, sum(prob("", v) for v in vs)) for vs in variants)
+        return LabelScores(tuple(labels), probs, usage)
+
+    def _completion(self, choice, text: str, response, latency: float, tokens, decoding: Decoding,
+                    prompt_ids) -> Completion:
+        reason = choice.finish_reason or "stop"
+        stop = getattr(choice, "stop_reason", None)
+        if reason != "stop" or not isinstance(stop, str):
+            stop = None
+        if reason == "stop" and not decoding.stop:
+            reason = "eos"  # no stop string was asked for: the model ended its turn
+        return Completion(text, self._usage(response, latency), tokens, reason, stop, prompt_ids)
+
+    @staticmethod
+    def _sampling(decoding: Decoding) -> dict:
+        return {"top_p": decoding.top_p} if decoding.top_p < 1.0 else {}
+
+    def _template(self):
+        """A function rendering messages with the configured template, the assistant turn opened."""
+        if getattr(self, "_render_open", None) is None:
+            template = self.settings.chat_template
+            if template.startswith("gguf:"):
+                template = gguf_chat_template(template[len("gguf:"):])
+            try:
+                from jinja2.sandbox import ImmutableSandboxedEnvironment
+            except ModuleNotFoundError:
+                raise MissingDependency("jinja2", "openai") from None
+
+            def raise_exception(message):
+                raise ConfigError(f"the chat template refused the conversation: {message}")
+
+            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+            compiled = env.from_string(template)
+            self._render_open = lambda messages: compiled.render(
+                messages=[{"role": m.role, "content": m.content} for m in messages], add_generation_prompt=True,
+                bos_token="", eos_token="", raise_exception=raise_exception)
+        return self._render_open
 
     def check(self, timeout_s: float = 5.0) -> None:
         """Fail in seconds when the server is down or hung, before a run spends minutes of retries
@@ -152,6 +252,30 @@ class OpenAICompatLLM:
         return Usage(prompt_tokens=int(getattr(usage, "prompt_tokens", 0) or 0),
                      completion_tokens=int(getattr(usage, "completion_tokens", 0) or 0),
                      cached_tokens=cached, latency_s=latency, llm_requests=1)
+
+
+def _with_offsets(items) -> tuple[TokenLogprob, ...]:
+    """Tokens from (text, log-prob, top) triples, offsets counted along the joined texts."""
+    out, offset = [], 0
+    for text, logprob, top in items:
+        out.append(TokenLogprob(text, logprob, top, None, offset, None))
+        offset += len(text)
+    return tuple(out)
+
+
+def gguf_chat_template(path: str) -> str:
+    """The chat template stored in a GGUF file's metadata."""
+    from metarag.llm.models import check_gguf_path
+
+    checked = check_gguf_path(path)
+    try:
+        from gguf import GGUFReader
+    except ModuleNotFoundError:
+        raise MissingDependency("gguf", "hf") from None
+    field = GGUFReader(str(checked)).fields.get("tokenizer.chat_template")
+    if field is None:
+        raise ConfigError(f"{checked} carries no chat template")
+    return bytes(field.parts[field.data[0]]).decode("utf-8")
 
 
 def _brief(exc: Exception | None) -> str:

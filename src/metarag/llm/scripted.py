@@ -64,8 +64,13 @@ class Rule:
     calls: int = field(default=0, compare=False)
 
     def next(self, prompt: str) -> str | ScriptedTokens:
-        response = self.responses[min(self.calls, len(self.responses) - 1)]
+        response = self.peek(prompt)
         self.calls += 1
+        return response
+
+    def peek(self, prompt: str) -> str | ScriptedTokens:
+        """The response the next call gets, without using it up."""
+        response = self.responses[min(self.calls, len(self.responses) - 1)]
         return response(prompt) if callable(response) else response
 
 
@@ -125,20 +130,38 @@ class ScriptedLLM:
 
     def score_labels(self, prompt: Prompt, labels: Sequence[str]) -> LabelScores:
         """The probabilities of the first label rule whose pattern is found in the prompt (a label it
-        does not name gets 0); colliding labels are refused as in every back-end."""
-        label_plan(labels, self.tokenize)
+        does not name gets 0). Without one, the generation script is the model: a label variant
+        (`label_variants`) that the scripted response starts with gets the product of the
+        probabilities of the response tokens it spans, any other 0 (the response is not consumed).
+        Collisions are checked on text (a variant that starts another label's variant is refused)."""
+        plans = label_plan(labels, lambda v: [ord(c) for c in v])
         if isinstance(prompt, TokenIds):
             text = self.detokenize(prompt.ids)
         else:
             messages = as_messages(prompt)
             text = messages[0].content if is_raw(messages) else self.render(messages)
         self.prompts.append(text)
+        usage = Usage(prompt_tokens=len(split_words(text)) if text.strip() else 0, llm_requests=1)
         for pattern, probs in self.label_rules:
             if pattern.search(text):
-                return LabelScores(tuple(labels), tuple(float(probs.get(label, 0.0)) for label in labels),
-                                   Usage(prompt_tokens=len(split_words(text)) if text.strip() else 0,
-                                         llm_requests=1))
-        raise BackendError(f"scripted LLM has no label rule for prompt: {text[:120]!r}")
+                return LabelScores(tuple(labels), tuple(float(probs.get(label, 0.0)) for label in labels), usage)
+        response = self._respond(text, consume=False)
+        pieces = response.pieces if isinstance(response, ScriptedTokens) else \
+            tuple((w, DEFAULT_LOGPROB) for w in split_words(response))
+        said = "".join(piece for piece, _ in pieces)
+        probs = []
+        for seqs in plans:
+            total = 0.0
+            for variant in ("".join(map(chr, seq)) for seq in seqs):
+                if said.startswith(variant):
+                    spanned, logprob = 0, 0.0
+                    for piece, lp in pieces:
+                        if spanned >= len(variant):
+                            break
+                        spanned, logprob = spanned + len(piece), logprob + lp
+                    total += math.exp(logprob)
+            probs.append(min(total, 1.0))
+        return LabelScores(tuple(labels), tuple(probs), usage)
 
     # ----------------------------------------------------------------------------- tokenizer
     def tokenize(self, text: str) -> list[int]:
@@ -155,10 +178,10 @@ class ScriptedLLM:
         self._pieces[tid] = piece
         return tid
 
-    def _respond(self, prompt: str) -> str | ScriptedTokens:
+    def _respond(self, prompt: str, consume: bool = True) -> str | ScriptedTokens:
         for rule in self.rules:
             if re.search(rule.pattern, prompt, re.S):
-                return rule.next(prompt)
+                return rule.next(prompt) if consume else rule.peek(prompt)
         if self.default is not None:
             return self.default
         raise BackendError(f"scripted LLM has no rule for prompt: {prompt[:120]!r}")

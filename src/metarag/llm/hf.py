@@ -1,0 +1,368 @@
+"""The transformers back-end: any Hugging Face causal LM, or the embedded Qwen GGUFs read through
+transformers' GGUF reader (dequantized), run by torch on the CPU, or the GPU when torch sees one.
+
+The back-end training uses: it wraps a live model (`HFLLM.from_model`), returns token ids,
+log-probs and entropy for every generated token, attention weights and hidden states when a
+request asks (`Decoding.attentions` / `hidden_states`: one teacher-forced pass over prompt and
+output, in `Completion.internals`), and runs many prompts as one left-padded batch
+(`generate_batch`, `score_labels_batch`). Decoding follows the shared rules of `metarag.llm.base`
+token by token, so greedy output matches the llama.cpp back-end's rules exactly (not necessarily
+its tokens: the GGUF here is dequantized to float, llama.cpp computes in its quantized types).
+"""
+from __future__ import annotations
+
+import hashlib
+import inspect
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from metarag.errors import BackendError, ConfigError, DataError, MissingDependency
+from metarag.llm.base import (
+    Decoding,
+    Internals,
+    Prompt,
+    TokenIds,
+    TokenStream,
+    as_messages,
+    entropy_of,
+    is_raw,
+    label_plan,
+    label_prefixes,
+    label_probs,
+    log_softmax,
+    render_continuing,
+    sample_token,
+    top_alternatives,
+)
+from metarag.records import Completion, LabelScores, Message, Usage
+
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
+
+
+@dataclass(frozen=True)
+class HFSettings:
+    """How to load and run a model with transformers. `embedded` names an embedded GGUF
+    (`metarag.llm.models.EMBEDDED_MODELS`); `path`, a GGUF file or a Hugging Face model folder,
+    wins when given. `device` "auto" is cuda when torch sees a GPU, else cpu; `dtype` "auto" is
+    bfloat16 on a GPU and float32 on the CPU. Eager attention, so that attention weights can be
+    returned. `n_threads` None leaves torch's default."""
+
+    embedded: str | None = "qwen2.5-coder-1.5b-instruct"
+    path: str | None = None
+    device: str = "auto"
+    dtype: str = "auto"
+    n_ctx: int = 4096
+    n_threads: int | None = None
+    attn_implementation: str = "eager"
+
+
+def _torch():
+    try:
+        import torch
+        import transformers
+    except ModuleNotFoundError:
+        raise MissingDependency("torch and transformers", "hf") from None
+    return torch, transformers
+
+
+class HFLLM:
+    """The LLM protocol over a transformers causal LM and its tokenizer (with its chat template)."""
+
+    def __init__(self, settings: HFSettings = HFSettings()):
+        torch, transformers = _torch()
+        path, name, sha = _resolve(settings)
+        device = _device(torch, settings.device)
+        dtype = _dtype(torch, settings.dtype, device)
+        if settings.n_threads:
+            torch.set_num_threads(settings.n_threads)
+        kwargs: dict[str, Any] = {}
+        folder = path
+        if path.is_file():  # a GGUF: transformers reads it from its folder by file name
+            folder, kwargs["gguf_file"] = path.parent, path.name
+        try:
+            tokenizer = transformers.AutoTokenizer.from_pretrained(str(folder), **kwargs)
+            model = transformers.AutoModelForCausalLM.from_pretrained(
+                str(folder), dtype=dtype, attn_implementation=settings.attn_implementation, **kwargs)
+        except (OSError, ValueError, RuntimeError, ImportError) as exc:
+            raise BackendError(f"transformers could not load {path}: {str(exc).splitlines()[0][:300]}") from None
+        model.to(device)
+        self._setup(model, tokenizer, f"hf:{name}:sha256={sha[:16]}", settings)
+        self.path = path
+        self.model_sha256 = sha
+
+    @classmethod
+    def from_model(cls, model: Any, tokenizer: Any, *, identity: str, settings: HFSettings | None = None) -> HFLLM:
+        """Wrap an in-memory model and tokenizer (a trainer's live policy). `identity` names the
+        weights (e.g. a checkpoint's hash): assign `llm.identity` again whenever they change, so the
+        response cache never serves an old checkpoint's answers."""
+        if not identity:
+            raise ConfigError("HFLLM.from_model needs an identity naming the weights")
+        _torch()
+        llm = cls.__new__(cls)
+        llm._setup(model, tokenizer, identity, settings or HFSettings(embedded=None))
+        llm.path = None
+        llm.model_sha256 = None
+        return llm
+
+    def _setup(self, model: Any, tokenizer: Any, identity: str, settings: HFSettings) -> None:
+        self._torch_mod, _ = _torch()
+        self.model, self.tokenizer = model, tokenizer
+        self.identity = identity
+        self.settings = settings
+        self.model.eval()
+        self._lock = threading.Lock()
+        eos = set()
+        for source in (getattr(tokenizer, "eos_token_id", None),
+                       getattr(getattr(model, "generation_config", None), "eos_token_id", None)):
+            if isinstance(source, int):
+                eos.add(source)
+            elif source:
+                eos.update(int(t) for t in source)
+        for special in ("<|im_end|>", "<|endoftext|>", "<|eot_id|>"):
+            tid = tokenizer.convert_tokens_to_ids(special) if special in tokenizer.get_vocab() else None
+            if isinstance(tid, int) and tid >= 0:
+                eos.add(tid)
+        if not eos:
+            raise ConfigError("the tokenizer names no end-of-sequence token")
+        self._eos = frozenset(eos)
+        self._pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos)
+        # transformers 5.x names the KV cache `cache`; 4.x `past_key_values`
+        self._cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+    @property
+    def device(self):
+        return next(self.model.parameters()).device
+
+    # -------------------------------------------------------------------------------- protocol
+    def complete(self, prompt: str | TokenIds, decoding: Decoding = Decoding()) -> Completion:
+        return self.generate_batch([prompt], [decoding])[0]
+
+    def chat(self, messages: Sequence[Message], decoding: Decoding = Decoding()) -> Completion:
+        return self.generate_batch([tuple(messages)], [decoding])[0]
+
+    def score_labels(self, prompt: Prompt, labels: Sequence[str]) -> LabelScores:
+        """Whole-label probabilities by the shared rule (`metarag.llm.base.label_plan`)."""
+        return self.score_labels_batch([prompt], labels)[0]
+
+    def render(self, messages: Sequence[Message]) -> str:
+        """Messages rendered with the tokenizer's chat template, the assistant turn opened (a final
+        assistant message is continued)."""
+        return render_continuing(messages, self._render_open)
+
+    def _render_open(self, messages: Sequence[Message]) -> str:
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise BackendError("the tokenizer carries no chat template; use complete() with a raw prompt")
+        return self.tokenizer.apply_chat_template([{"role": m.role, "content": m.content} for m in messages],
+                                                  tokenize=False, add_generation_prompt=True)
+
+    def tokenize(self, text: str) -> list[int]:
+        """Token ids of a prompt text (special tokens in the text parsed; BOS where the tokenizer adds one)."""
+        bos = getattr(self.tokenizer, "bos_token", None)
+        add = not (bos and text.startswith(bos))
+        return self._check_fits(list(self.tokenizer.encode(text, add_special_tokens=add)))
+
+    def detokenize(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=False)
+
+    # ----------------------------------------------------------------------------- batching
+    def generate_batch(self, prompts: Sequence[Prompt], decodings: Sequence[Decoding]) -> list[Completion]:
+        """One completion per prompt, decoded together as one left-padded batch. Each completion's
+        latency is its share of the batch's wall time, so a trace's sum is the time spent."""
+        if len(prompts) != len(decodings):
+            raise ConfigError(f"{len(prompts)} prompts but {len(decodings)} decodings")
+        if not prompts:
+            return []
+        rows = [self._prompt_ids(p) for p in prompts]
+        start = time.perf_counter()
+        with self._lock:
+            streams, eos, outs = self._decode(rows, decodings)
+            internals = [self._internals(row + out, len(row), d) if (d.attentions or d.hidden_states) else None
+                         for row, out, d in zip(rows, outs, decodings)]
+        share = (time.perf_counter() - start) / len(rows)
+        completions = []
+        for row, stream, ended, out, inside in zip(rows, streams, eos, outs, internals):
+            text, finish, stop = stream.finish(ended_by_eos=ended)
+            usage = Usage(prompt_tokens=len(row), completion_tokens=len(out), latency_s=share, llm_requests=1)
+            completions.append(Completion(text, usage, tuple(stream.tokens), finish, stop, tuple(row), inside))
+        return completions
+
+    def score_labels_batch(self, prompts: Sequence[Prompt], labels: Sequence[str]) -> list[LabelScores]:
+        """The label scores of every prompt against the same labels: one padded forward pass over
+        each prompt followed by each label-token prefix the rule needs."""
+        plans = label_plan(labels, self._label_tokens)
+        prefixes = label_prefixes(plans)
+        rows = [self._prompt_ids(p) for p in prompts]
+        start = time.perf_counter()
+        sequences = [row + list(prefix) for row in rows for prefix in prefixes]
+        with self._lock:
+            last = self._last_logprobs(sequences)
+        share = (time.perf_counter() - start) / max(len(rows), 1)
+        out = []
+        for i, row in enumerate(rows):
+            dists = {prefix: last[i * len(prefixes) + j] for j, prefix in enumerate(prefixes)}
+            probs = label_probs(plans, lambda prefix, token, d=dists: float(d[prefix][token]))
+            out.append(LabelScores(tuple(labels), probs, Usage(prompt_tokens=len(row), latency_s=share,
+                                                               llm_requests=1)))
+        return out
+
+    # -------------------------------------------------------------------------------- internals
+    def _prompt_ids(self, prompt: Prompt) -> list[int]:
+        if isinstance(prompt, TokenIds):
+            return self._check_fits(list(prompt.ids))
+        messages = as_messages(prompt)
+        return self.tokenize(messages[0].content if is_raw(messages) else self.render(messages))
+
+    def _label_tokens(self, label: str) -> list[int]:
+        return list(self.tokenizer.encode(label, add_special_tokens=False))
+
+    def _check_fits(self, tokens: list[int]) -> list[int]:
+        if not tokens:
+            raise BackendError("the prompt has no tokens")
+        if len(tokens) >= self.settings.n_ctx:
+            raise BackendError(f"prompt of {len(tokens)} tokens does not fit the context of "
+                               f"{self.settings.n_ctx} tokens (raise n_ctx or retrieve fewer passages)")
+        return tokens
+
+    def _padded(self, rows: Sequence[Sequence[int]]):
+        torch = self._torch_mod
+        width = max(len(r) for r in rows)
+        ids = torch.full((len(rows), width), self._pad, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, row in enumerate(rows):
+            ids[i, width - len(row):] = torch.tensor(row, dtype=torch.long)
+            mask[i, width - len(row):] = 1
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        device = self.device
+        return ids.to(device), mask.to(device), positions.to(device)
+
+    def _last_logprobs(self, sequences: Sequence[Sequence[int]]) -> list[np.ndarray]:
+        torch = self._torch_mod
+        ids, mask, positions = self._padded(sequences)
+        with torch.no_grad():
+            logits = self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
+                                logits_to_keep=1).logits[:, -1, :]
+        return [log_softmax(row) for row in logits.float().cpu().numpy()]
+
+    def _decode(self, rows: list[list[int]], decodings: Sequence[Decoding]):
+        """Token-by-token decoding of all rows at once with a KV cache; finished rows are fed padding
+        (their outputs are ignored: rows never attend to each other)."""
+        torch = self._torch_mod
+        n = len(rows)
+        budgets = [min(d.max_tokens, self.settings.n_ctx - len(r) - 1) for r, d in zip(rows, decodings)]
+        rngs = [np.random.default_rng(d.seed) for d in decodings]
+        streams = [TokenStream(d.stop) for d in decodings]
+        outs: list[list[int]] = [[] for _ in rows]
+        eos = [False] * n
+        done = [b <= 0 for b in budgets]
+        ids, mask, positions = self._padded(rows)
+        with torch.no_grad():
+            result = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
+                                logits_to_keep=1)
+            while not all(done):
+                logits = result.logits[:, -1, :].float().cpu().numpy()
+                step = []
+                for i in range(n):
+                    if done[i]:
+                        step.append(self._pad)
+                        continue
+                    token = sample_token(logits[i], decodings[i], rngs[i])
+                    step.append(token)
+                    if token in self._eos:
+                        eos[i] = done[i] = True
+                        continue
+                    lp = log_softmax(logits[i])
+                    outs[i].append(token)
+                    raw = self.tokenizer.decode(outs[i], skip_special_tokens=False).rstrip("\ufffd")
+                    piece = self.tokenizer.decode([token], skip_special_tokens=False)
+                    top = top_alternatives(lp, decodings[i].logprobs, self._piece)
+                    fired = streams[i].push(token, piece, raw, float(lp[token]), top, entropy_of(lp))
+                    if fired or len(outs[i]) >= budgets[i]:
+                        done[i] = True
+                if all(done):
+                    break
+                mask = torch.cat([mask, torch.ones((n, 1), dtype=mask.dtype, device=mask.device)], dim=1)
+                positions = positions[:, -1:] + 1
+                cache = getattr(result, "cache", None)
+                if cache is None:
+                    cache = getattr(result, "past_key_values", None)
+                result = self.model(input_ids=torch.tensor(step, device=mask.device).unsqueeze(1),
+                                    attention_mask=mask, position_ids=positions, use_cache=True,
+                                    **{self._cache_arg: cache})
+        return streams, eos, outs
+
+    def _internals(self, ids: list[int], n_prompt: int, decoding: Decoding) -> Internals:
+        """Attention weights / hidden states of one teacher-forced pass over prompt and output."""
+        torch = self._torch_mod
+        with torch.no_grad():
+            result = self.model(input_ids=torch.tensor([ids], device=self.device),
+                                output_attentions=decoding.attentions, output_hidden_states=decoding.hidden_states,
+                                logits_to_keep=1)
+        attentions = hidden = None
+        if decoding.attentions:
+            if not result.attentions or result.attentions[0] is None:
+                raise BackendError("the model returned no attention weights (load it with attn_implementation="
+                                   "'eager')")
+            attentions = tuple(a[0].float().cpu().numpy() for a in result.attentions)
+        if decoding.hidden_states:
+            hidden = tuple(h[0].float().cpu().numpy() for h in result.hidden_states)
+        return Internals(tuple(ids), n_prompt, attentions, hidden)
+
+    def _piece(self, token: int) -> str:
+        return self.tokenizer.decode([token], skip_special_tokens=False)
+
+
+# ----------------------------------------------------------------------------------- loading
+def _resolve(settings: HFSettings) -> tuple[Path, str, str]:
+    """(path to load, display name, sha256 of the weights)."""
+    from metarag.llm.models import check_gguf_path, embedded_model, ensure_gguf, file_sha256
+
+    if settings.path:
+        path = Path(settings.path).expanduser()
+        if path.is_dir():
+            return path, path.name, folder_sha256(path)
+        if path.is_file():
+            checked = check_gguf_path(path)
+            return checked, checked.name, file_sha256(checked)
+        raise DataError("model file or folder not found", path=str(path))
+    if settings.embedded:
+        model = embedded_model(settings.embedded)
+        return ensure_gguf(model), model.name, model.sha256
+    raise ConfigError("the transformers back-end needs an embedded model name or a path")
+
+
+def folder_sha256(folder: Path) -> str:
+    """One hash of a model folder's weight files (names and contents), so a retrained checkpoint in
+    the same folder gets a new identity."""
+    from metarag.llm.models import file_sha256
+
+    files = sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix in WEIGHT_SUFFIXES)
+    if not files:
+        raise DataError("no weight files (*.safetensors, *.bin, *.gguf) in the model folder", path=str(folder))
+    digest = hashlib.sha256()
+    for f in files:
+        digest.update(f"{f.relative_to(folder)}:{file_sha256(f)}\n".encode())
+    return digest.hexdigest()
+
+
+def _device(torch, name: str):
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        return torch.device(name)
+    except RuntimeError:
+        raise ConfigError(f"unknown torch device {name!r}") from None
+
+
+def _dtype(torch, name: str, device):
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    value = getattr(torch, name, None)
+    if not isinstance(value, torch.dtype):
+        raise ConfigError(f"unknown torch dtype {name!r} (float32, bfloat16, float16)")
+    return value
