@@ -413,3 +413,17 @@ def test_ask_prints_its_error_on_stderr(monkeypatch, capsys):
     assert main(["ask", "Where?", "--method", "closed-book", *DEAD_LLM]) == 1
     captured = capsys.readouterr()
     assert captured.err.strip() == "metarag: error: BackendError: the server is gone"
+
+
+def test_unmapped_support_is_reported_and_kept_in_the_manifest(tmp_path, capsys):
+    from metarag.evaluate.harness import DatasetSpec, EvalConfig, evaluate
+    from metarag.llm.scripted import ScriptedLLM
+
+    # the second supporting title names a paragraph the question does not carry: unmapped
+    records = [{**hotpot("a", "Paris"), "supporting_facts": [["Eiffel Tower", 0], ["Louvre", 1]]}]
+    path = tmp_path / "dev.json"
+    path.write_text(json.dumps(records))
+    config = EvalConfig("closed-book", DatasetSpec(file=str(path)), runs_dir=str(tmp_path / "runs"))
+    store, results = evaluate(config, progress=False, llm=ScriptedLLM([], default="Paris"))
+    assert "dev: 1 supporting paragraphs have no passage in the pool" in capsys.readouterr().err
+    assert store.read_json("manifest.json")["unmapped_support"] == 1
