@@ -179,9 +179,11 @@ def add_reranker_args(p: argparse.ArgumentParser) -> None:
 
 def add_llm_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--llm", default="embedded",
-                   help="LLM back-end: embedded (Qwen2.5-Coder-1.5B, default), embedded-0.5b, gguf "
-                        "(with --gguf PATH), openai (with --base-url and --model)")
-    p.add_argument("--gguf", default=None, help="path of a GGUF file, for --llm gguf")
+                   help="the LLM, one spec string: embedded (Qwen2.5-Coder-1.5B by llama.cpp, default), "
+                        "embedded-0.5b, gguf:PATH, hf (the 1.5B by transformers), hf-0.5b, hf:PATH (a GGUF or "
+                        "a model folder), openai:MODEL[@URL]; also gguf with --gguf PATH, openai with --model "
+                        "and --base-url")
+    p.add_argument("--gguf", default=None, help="model path, for --llm gguf (or hf)")
     p.add_argument("--base-url", default="http://127.0.0.1:8000/v1", help="OpenAI-compatible server URL")
     p.add_argument("--model", default="", help="model name on the server, for --llm openai")
     p.add_argument("--api-key-env", default="OPENAI_API_KEY",
@@ -398,12 +400,10 @@ def cmd_train_critic(args: argparse.Namespace) -> int:
 
 
 def llm_spec_from_args(args: argparse.Namespace):
-    from metarag.llm.registry import LLMSpec, check_spec
+    from metarag.llm.registry import parse_llm_spec
 
-    spec = LLMSpec(backend=args.llm, gguf=args.gguf, base_url=args.base_url, model=args.model,
-                   api_key_env=args.api_key_env, n_threads=args.threads, response_cache=not args.no_cache)
-    check_spec(spec)
-    return spec
+    return parse_llm_spec(args.llm, gguf=args.gguf, base_url=args.base_url, model=args.model,
+                          api_key_env=args.api_key_env, n_threads=args.threads, response_cache=not args.no_cache)
 
 
 def raise_config(message: str):

@@ -42,7 +42,7 @@ from metarag.errors import ConfigError, close_matches
 from metarag.judges.base import Verdict
 from metarag.judges.boundary import RULES, BoundaryJudge, make_encoder
 from metarag.llm.base import LLM, Decoding
-from metarag.llm.registry import LLMSpec, check_spec
+from metarag.llm.registry import LLMSpec, parse_llm_spec
 from metarag.methods.actions import Ask, Assess, Note, Probe, Search
 from metarag.methods.evidence import evidence_prompt, format_passages
 from metarag.methods.runner import Policy
@@ -94,21 +94,14 @@ TOKENS_PER_WORD = (3, 2)
 
 
 def decision_llm_spec(spec: str) -> LLMSpec | None:
-    """The separate decision model `spec` names, or None for the run's own LLM; checked, not loaded."""
+    """The separate decision model `spec` names (any LLM spec string, `metarag.llm.registry`), or
+    None for the run's own LLM; checked, not loaded."""
     if not spec:
         return None
-    backend, _, rest = spec.partition(":")
-    if backend in ("embedded", "embedded-0.5b") and not rest:
-        return LLMSpec(backend=backend)
-    if backend == "gguf" and rest:
-        return LLMSpec(backend="gguf", gguf=rest)
-    if backend == "openai" and rest:
-        model, at, url = rest.partition("@")
-        result = LLMSpec(backend="openai", model=model, **({"base_url": url} if at else {}))
-        check_spec(result)
-        return result
-    raise ConfigError(f"evoctx decision_llm {spec!r} is not one of '', embedded, embedded-0.5b, gguf:PATH, "
-                      "openai:MODEL[@BASE_URL]")
+    try:
+        return parse_llm_spec(spec)
+    except ConfigError as exc:
+        raise ConfigError(f"evoctx decision_llm: {exc}") from None
 
 
 @dataclass(frozen=True)
