@@ -30,6 +30,7 @@ from metarag.errors import MetaRAGError
 from metarag.evaluate.metrics import support_recall
 from metarag.llm.base import LLM
 from metarag.llm.registry import LLMSpec, make_llm
+from metarag.methods.runner import Runtime, drive
 from metarag.records import Hit, Question
 from metarag.rerank.base import Reranker
 from metarag.rerank.registry import build_reranker
@@ -82,7 +83,7 @@ def first_stage(dataset: str, name: str, retriever: Retriever, questions: Sequen
     return score(dataset, name, questions, rankings, time.perf_counter() - start, depth), rankings
 
 
-def rerank_all(dataset: str, name: str, reranker: Reranker, questions: Sequence[Question],
+def rerank_all(dataset: str, name: str, reranker: Reranker, runtime: Runtime, questions: Sequence[Question],
                candidates: Sequence[Sequence[Hit]], depth: int, budget_s: float) -> Row:
     """Rerank each question's hybrid candidates, keeping all `depth`; a failure keeps their order.
 
@@ -95,7 +96,7 @@ def rerank_all(dataset: str, name: str, reranker: Reranker, questions: Sequence[
     for i, (question, hits) in enumerate(zip(questions, candidates), 1):
         began = time.perf_counter()
         try:
-            reranked = reranker.rerank(question.text, hits, depth)
+            reranked, _ = drive(reranker.rerank(question.text, hits, depth), runtime)
             ranking, fallback = reranked.hits, reranked.fallback
         except MetaRAGError as exc:  # e.g. a prompt over the context: count it, keep the retrieval order
             ranking, fallback = hits, f"{type(exc).__name__}: {exc}"
@@ -142,8 +143,9 @@ def run_dataset(name: str, args: argparse.Namespace, llm: Callable[[], LLM]) -> 
               "listwise": f"hybrid + listwise rerank ({args.llm})"}
     for spec in args.rerankers:
         n = min(limits[spec], len(questions))
-        reranker = build_reranker(spec, llm() if spec in ("llm", "listwise") else None)
-        row = rerank_all(name, labels[spec], reranker, questions[:n], candidates[:n], args.depth,
+        reranker = build_reranker(spec)
+        runtime = Runtime(llm() if spec in ("llm", "listwise") else None)  # the LLM rerankers' requests go here
+        row = rerank_all(name, labels[spec], reranker, runtime, questions[:n], candidates[:n], args.depth,
                          60 * args.minutes_per_reranker)
         if row.n < len(questions):  # the paired baseline: hybrid on the same questions
             rows.append(score(name, f"hybrid RRF (first {row.n})", questions[:row.n], candidates[:row.n],

@@ -185,18 +185,18 @@ class StubEncoder:
 def test_boundary_judge_embeds_with_the_injected_encoder_and_reports_signals():
     encoder = StubEncoder()
     judge = BoundaryJudge(encoder=encoder)
-    far = judge.judge(None, {"trace": "The birthplace is unknown.", "boundary": ("Q", "passage")})
+    far = judge.judge({"trace": "The birthplace is unknown.", "boundary": ("Q", "passage")})
     assert far.verdict == "RETRIEVE" and far.score == pytest.approx(1 / 0.3 - 1)  # max(min(1/.3, 1/.2), 1/.4)
     signals = dict(far.signals)
     assert (signals["d_near"], signals["d_cent"], signals["d_90"]) == pytest.approx((1.0, 1.0, 1.0))
     assert signals["margin"] == pytest.approx(signals["score"] - 1) and "oracle_margin" not in signals
-    near = judge.judge(None, {"trace": "Eiffel was born in Dijon.", "boundary": ("Q", "passage"), "gold": "Dijon"})
+    near = judge.judge({"trace": "Eiffel was born in Dijon.", "boundary": ("Q", "passage"), "gold": "Dijon"})
     assert near.verdict == "THINK" and dict(near.signals)["oracle_margin"] == pytest.approx(-1.0)
     assert encoder.calls[-1] == ["Eiffel was born in Dijon.", "Dijon", "Q", "passage"]
 
 
 def test_boundary_judge_falls_back_on_an_empty_trace():
-    verdict = BoundaryJudge(encoder=StubEncoder()).judge(None, {"trace": "  ", "boundary": ("Q",)})
+    verdict = BoundaryJudge(encoder=StubEncoder()).judge({"trace": "  ", "boundary": ("Q",)})
     assert verdict.verdict == "THINK" and verdict.fallback == "empty reasoning trace" and verdict.signals == ()
 
 

@@ -266,8 +266,10 @@ def test_eval_with_a_reranker_records_rerank_steps_and_saves_its_settings(tmp_pa
     from metarag.records import Rerank, Retrieve
 
     steps = results[0].trace.steps
-    assert isinstance(steps[0], Retrieve) and steps[0].k == 8 and isinstance(steps[1], Rerank)
-    assert len(steps[1].hits) == 5
+    n = len(steps[0].hits)  # the LLM judge probes each candidate, then the Rerank step keeps 5
+    assert isinstance(steps[0], Retrieve) and steps[0].k == 8 and isinstance(steps[n + 1], Rerank)
+    assert [s.kind for s in steps[1:n + 1]] == ["score"] * n
+    assert len(steps[n + 1].hits) == 5
     settings = json.loads(store.settings_path.read_text())
     assert settings["reranker"]["spec"] == "llm" and settings["reranker"]["depth"] == 8
     plain, _ = evaluate(config(tmp_path), progress=False, llm=reader())

@@ -5,8 +5,9 @@ from metarag.judges.llm_judges import ExpertQA, ReasoningCheck, external_suffici
 from metarag.judges.models import make_entailment, make_expert
 from metarag.judges.similarity import AnswerSimilarity
 from metarag.llm.scripted import ScriptedLLM
-from metarag.methods.runner import Runtime
+from metarag.methods.runner import Runtime, drive
 from metarag.parsing import first_json_object, parse_reasoning_check, parse_yes_no
+from metarag.records import Generate, Score
 
 
 @pytest.mark.parametrize("text, expected", [
@@ -41,29 +42,42 @@ def test_first_json_object_skips_broken_braces():
 
 def test_unparseable_reasoning_check_falls_back_and_says_so():
     llm = ScriptedLLM([("Check the proposed answer", "I think it's probably fine?")])
-    verdict = ReasoningCheck().judge(Runtime(llm), {"question": "Q?", "passages": "[1] T\nx", "answer": "A"})
+    verdict, trace = drive(ReasoningCheck().judge({"question": "Q?", "passages": "[1] T\nx", "answer": "A"}),
+                           Runtime(llm))
     assert verdict.verdict == "none" and verdict.fallback and "unparseable" in verdict.fallback
-    assert verdict.usage.llm_requests == 1
+    [step] = trace.of_kind(Generate)  # the judge's one request is a step of the trace, named for the judge
+    assert step.purpose == "reasoning-check" and step.text == "I think it's probably fine?"
+    assert trace.usage.llm_requests == 1
 
 
 def test_yes_no_judges_use_label_probabilities_not_text():
     llm = ScriptedLLM(label_rules=[("contain all the information", {"Yes": 0.2, "No": 0.6})])
-    verdict = external_sufficiency().judge(Runtime(llm), {"question": "Q?", "passages": "[1] T\nx"})
+    verdict, trace = drive(external_sufficiency().judge({"question": "Q?", "passages": "[1] T\nx"}), Runtime(llm))
     assert verdict.verdict == "insufficient" and verdict.score == pytest.approx(0.25)
+    [step] = trace.of_kind(Score)
+    assert step.purpose == "external-sufficiency" and step.labels == ("Yes", "No")
+    assert "contain all the information" in step.prompt[-1].content
+
+
+def test_yes_no_judge_with_no_label_mass_says_no_and_records_the_fallback():
+    llm = ScriptedLLM(label_rules=[("contain all the information", {"Yes": 0.0, "No": 0.0})])
+    verdict, _ = drive(external_sufficiency().judge({"question": "Q?", "passages": "[1] T\nx"}), Runtime(llm))
+    assert verdict.verdict == "insufficient" and verdict.score is None  # never a silent "sufficient"
+    assert "no probability mass" in verdict.fallback
 
 
 def test_similarity_thresholds_inclusive_and_token_f1():
     judge = AnswerSimilarity(threshold=0.5, method="token-f1")
-    assert judge.judge(None, {"answer": "Paris France", "reference": "Paris"}).verdict == "accept"  # F1 2/3
-    assert judge.judge(None, {"answer": "Lyon", "reference": "Paris"}).verdict == "evaluate"
-    assert judge.judge(None, {"answer": "", "reference": "Paris"}).score == 0.0
+    assert judge.judge({"answer": "Paris France", "reference": "Paris"}).verdict == "accept"  # F1 2/3
+    assert judge.judge({"answer": "Lyon", "reference": "Paris"}).verdict == "evaluate"
+    assert judge.judge({"answer": "", "reference": "Paris"}).score == 0.0
 
 
 def test_expert_reads_a_span_and_flags_an_empty_one():
     llm = ScriptedLLM([("Copy the shortest span", ["Dijon.", "   "])])
     inputs = {"question": "Where?", "passages": "[1] T\nDijon"}
-    assert ExpertQA().judge(Runtime(llm), inputs).verdict == "Dijon"
-    assert ExpertQA().judge(Runtime(llm), inputs).fallback == "empty expert answer"
+    assert drive(ExpertQA().judge(inputs), Runtime(llm))[0].verdict == "Dijon"
+    assert drive(ExpertQA().judge(inputs), Runtime(llm))[0].fallback == "empty expert answer"
 
 
 def test_model_judges_by_path_refuse_a_folder_that_is_not_a_model(tmp_path):

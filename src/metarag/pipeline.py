@@ -78,7 +78,7 @@ def answer_question(text: str, method: Method, *, corpus: str | Path | None = No
     if method.name not in CLOSED_BOOK:
         found = open_retriever(load_passages(corpus), retriever, index_dir)
     llm = llm if llm is not None else make_llm(llm_spec)
-    runtime = Runtime(llm=llm, retriever=found, reranker=build_reranker(reranker, llm), rerank_depth=rerank_depth)
+    runtime = Runtime(llm=llm, retriever=found, reranker=build_reranker(reranker), rerank_depth=rerank_depth)
     return run(method, Question(id="ask", text=text.strip()), runtime, on_step=on_step)
 
 

@@ -201,7 +201,7 @@ def _session(config: EvalConfig, store: RunStore, method: Method, dataset, resol
         check_backend(retriever, "retriever")
         from metarag.rerank.registry import build_reranker
 
-        reranker = build_reranker(config.reranker, llm)
+        reranker = build_reranker(config.reranker)
     manifest = _manifest(store, resolved)
     manifest["model_identity"] = llm.identity
     manifest["model_sha256"] = getattr(llm, "model_sha256", None)

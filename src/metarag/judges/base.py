@@ -1,36 +1,44 @@
 """The judge protocol: small scoring components methods consult (similarity, entailment,
-sufficiency, critics). A method yields `Assess(judge, inputs)`; the runner calls the judge with
-the run's components and records one Judge step with the verdict, score, input sizes and Usage."""
+sufficiency, critics). A method yields `Assess(judge, inputs)`; the runner calls `judge(inputs)`
+and records one Judge step with the verdict, score and input sizes.
+
+A judge that asks a model returns a sub-policy: a generator that yields `Ask` / `Probe` (the runner
+carries them out like any other request of the run, records each as its own Generate / Score step
+and sends back the reply) and returns its `Verdict`. A judge with a model of its own (MiniLM
+similarity, an NLI cross-encoder, boundary distances) computes and returns the Verdict directly;
+the runner records its wall-clock time as the Judge step's latency. No judge holds the run's LLM.
+"""
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Generator, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
-from metarag.records import Usage
-
-if TYPE_CHECKING:
-    from metarag.methods.runner import Runtime
+Inputs = Mapping[str, str | tuple[str, ...]]
 
 
 @dataclass(frozen=True)
 class Verdict:
     """What a judge decided. `fallback` is set (with the reason) when the judge could not read its
-    model's output and returned its documented default instead; reports count these."""
+    model's output and returned its documented default instead; reports count these. A verdict
+    carries no Usage: what its model requests cost is on their own steps."""
 
     verdict: str
     score: float | None = None
-    usage: Usage = Usage()
     detail: str = ""
     fallback: str | None = None
     signals: tuple[tuple[str, float], ...] = ()  # named numbers a method may read (e.g. distances)
 
 
+JudgeCall = Verdict | Generator[Any, Any, Verdict]
+
+
 @runtime_checkable
 class Judge(Protocol):
-    """Anything with `judge` is a judge. It gets the run's Runtime (for its LLM) and named text
-    inputs, and must not raise on model output it cannot parse: it falls back and says so."""
+    """Anything with `judge` is a judge. It gets named text inputs and returns a Verdict, or a
+    sub-policy that yields Ask / Probe actions and returns one; it must not raise on model output it
+    cannot parse: it falls back and says so."""
 
     name: str
 
-    def judge(self, runtime: Runtime, inputs: Mapping[str, str | tuple[str, ...]]) -> Verdict: ...
+    def judge(self, inputs: Inputs) -> JudgeCall: ...

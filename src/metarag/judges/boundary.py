@@ -195,7 +195,7 @@ class BoundaryJudge:
         check_thresholds(self.thresholds)
         check_ranges(self)
 
-    def judge(self, runtime: Any, inputs: Mapping[str, str | tuple[str, ...]]) -> Verdict:
+    def judge(self, inputs: Mapping[str, str | tuple[str, ...]]) -> Verdict:
         trace = str(inputs.get("trace", "")).strip()
         boundary = inputs.get("boundary", ())
         if isinstance(boundary, str):

@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Generator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -23,11 +23,11 @@ import numpy as np
 
 from metarag.errors import ConfigError, DataError, MissingDependency
 from metarag.judges.base import Verdict
+from metarag.methods.actions import Action, Probe
 from metarag.methods.evidence import evidence_prompt
 from metarag.settings import Range, check_ranges, setting
 
 if TYPE_CHECKING:
-    from metarag.methods.runner import Runtime
     from metarag.retrieve.dense import DenseSettings
 
 ACCEPT, REJECT = "accept", "reject"
@@ -38,10 +38,6 @@ ACCEPT, REJECT = "accept", "reject"
 CRITIC_TASK = ("Question: {question}\nProposed answer: {answer}\nRationale: {rationale}\n"
                "Based on the passages and the rationale, should this answer to the question be accepted? "
                "Reply {accept} to accept it or {reject} to reject it.")
-
-# Below this total probability of the two label tokens the model was not answering with a label
-# at all (a server returns 0 for labels outside its top log-probs): the ratio would be noise.
-MIN_LABEL_MASS = 1e-4
 
 # What the files of a trained critic folder are called, and the version of their layout.
 MODEL_FILE = "critic.joblib"
@@ -64,9 +60,9 @@ def critic_text(question: str, passages: str, answer: str, rationale: str) -> st
 @dataclasses.dataclass(frozen=True)
 class LLMCritic:
     """The LLM as SIM-RAG's critic: P(accept) is the probability of `labels[0]` renormalized over
-    both labels. Verdict "accept" when it reaches `threshold`. When neither label is a likely next
-    token (total probability under MIN_LABEL_MASS) the verdict is the recorded default "reject",
-    as in the official code, where any critic output other than "1" rejects."""
+    both labels. Verdict "accept" when it reaches `threshold`. When neither label is a likely
+    continuation (no mass, `LabelScores.p`) the verdict is the recorded default "reject", as in
+    the official code, where any critic output other than "1" rejects."""
 
     labels: tuple[str, ...] = ("Yes", "No")
     threshold: float = setting(0.5, ge=0, le=1)
@@ -78,18 +74,15 @@ class LLMCritic:
             raise ConfigError(f"the critic needs two different labels (accept, reject), got {self.labels!r}")
         check_ranges(self)
 
-    def judge(self, runtime: Runtime, inputs: Mapping[str, str]) -> Verdict:
+    def judge(self, inputs: Mapping[str, str]) -> Generator[Action, Any, Verdict]:
         accept, reject = self.labels
         task = self.task.format(question=inputs["question"], answer=inputs["answer"],
                                 rationale=inputs["rationale"], accept=accept, reject=reject)
-        scores = runtime.llm.score_labels(evidence_prompt(inputs["passages"], task), self.labels)
-        mass = sum(scores.probs)
-        if mass < MIN_LABEL_MASS:
-            return Verdict(REJECT, None, scores.usage,
-                           fallback=f"neither {accept!r} nor {reject!r} is a likely next token "
-                                    f"(probability {mass:.2g}); default reject")
-        p_accept = scores.normalized()[accept]
-        return Verdict(ACCEPT if p_accept >= self.threshold else REJECT, p_accept, scores.usage,
+        scores = yield Probe(self.name, evidence_prompt(inputs["passages"], task), self.labels)
+        p_accept, fallback = scores.p(accept)
+        if fallback is not None:
+            return Verdict(REJECT, None, fallback=f"{fallback}; default reject")
+        return Verdict(ACCEPT if p_accept >= self.threshold else REJECT, p_accept,
                        detail=f"threshold {self.threshold}")
 
 
@@ -210,7 +203,7 @@ class TrainedCritic:
         """P(correct) for each critic text."""
         return self.classifier.predict_proba(self.encoder.encode(texts))[:, self._positive]
 
-    def judge(self, runtime: Runtime, inputs: Mapping[str, str]) -> Verdict:
+    def judge(self, inputs: Mapping[str, str]) -> Verdict:
         text = critic_text(inputs["question"], inputs["passages"], inputs["answer"], inputs["rationale"])
         p_accept = float(self.probability([text])[0])
         # No LLM request: the runner records this step's wall-clock latency as its usage.

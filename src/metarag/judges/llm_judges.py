@@ -1,6 +1,7 @@
 """The LLM-based judges MetaRAG's critic consults, each the offline default for a model the papers
 ran separately (a fine-tuned T5 expert, a T5-XXL NLI model): yes/no verdicts come from the
-probability of the label tokens (`score_labels`), never from searching free text.
+probability of the whole labels (a `Probe`), never from searching free text. Each judge is a
+sub-policy: it yields its request (purpose: the judge's name) and the runner records it as a step.
 
 Every judge takes named inputs (`question`, `passages` — already formatted —, `answer`,
 `rationale`) and puts the passages first in its prompt (`evidence_prompt`), so the judges of one
@@ -8,11 +9,13 @@ round share the evidence prefix in the KV cache.
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Generator, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from metarag.judges.base import Verdict
 from metarag.llm.base import Decoding
+from metarag.methods.actions import Action, Ask, Probe
 from metarag.methods.evidence import evidence_prompt
 from metarag.parsing import clean_answer, parse_reasoning_check
 from metarag.records import Message
@@ -35,10 +38,7 @@ REASONING_TASK = (
     "Feedback: <one sentence on how to fix the answer, or 'none'>")
 
 
-def _yes_probability(runtime, prompt, labels=("Yes", "No")):
-    scores = runtime.llm.score_labels(prompt, labels)
-    p = scores.normalized()[labels[0]]
-    return p, scores.usage
+Judgement = Generator[Action, Any, Verdict]
 
 
 @dataclass(frozen=True)
@@ -53,19 +53,21 @@ class ExpertQA:
     def __post_init__(self) -> None:
         check_ranges(self)
 
-    def judge(self, runtime, inputs: Mapping[str, str]) -> Verdict:
+    def judge(self, inputs: Mapping[str, str]) -> Judgement:
         prompt = evidence_prompt(inputs["passages"], EXPERT_TASK.format(question=inputs["question"]))
-        out = runtime.llm.chat(prompt, Decoding(max_tokens=self.max_tokens, stop=("\n",)))
+        out = yield Ask(self.name, prompt, Decoding(max_tokens=self.max_tokens, stop=("\n",)))
         span = clean_answer(out.text)
         if not span:
-            return Verdict("", None, out.usage, fallback="empty expert answer")
-        return Verdict(span, None, out.usage)
+            return Verdict("", None, fallback="empty expert answer")
+        return Verdict(span, None)
 
 
 @dataclass(frozen=True)
 class YesNoJudge:
     """A yes/no question to the LLM over the evidence; verdict `yes_label` when P(Yes), normalized
-    over Yes and No, reaches `threshold`, else `no_label`. Score = that probability."""
+    over Yes and No, reaches `threshold`, else `no_label`. Score = that probability. When neither
+    label gets probability mass (`LabelScores.p`) the verdict is `no_label`, score None, with the
+    fallback recorded: no mass is never read as a yes."""
 
     name: str
     task: str
@@ -77,12 +79,15 @@ class YesNoJudge:
     def __post_init__(self) -> None:
         check_ranges(self)
 
-    def judge(self, runtime, inputs: Mapping[str, str]) -> Verdict:
+    def judge(self, inputs: Mapping[str, str]) -> Judgement:
         task = self.task.format(**{k: inputs.get(k, "") for k in ("question", "answer", "rationale")})
         prompt = (evidence_prompt(inputs.get("passages", ""), task) if self.uses_passages
                   else (Message("user", task),))
-        p_yes, usage = _yes_probability(runtime, prompt)
-        return Verdict(self.yes_label if p_yes >= self.threshold else self.no_label, p_yes, usage)
+        scores = yield Probe(self.name, prompt, ("Yes", "No"))
+        p_yes, fallback = scores.p("Yes")
+        if fallback is not None:
+            return Verdict(self.no_label, None, fallback=f"{fallback}; default {self.no_label}")
+        return Verdict(self.yes_label if p_yes >= self.threshold else self.no_label, p_yes)
 
 
 def internal_sufficiency() -> YesNoJudge:
@@ -111,12 +116,12 @@ class ReasoningCheck:
     max_tokens: int = 80
     name: str = "reasoning-check"
 
-    def judge(self, runtime, inputs: Mapping[str, str]) -> Verdict:
+    def judge(self, inputs: Mapping[str, str]) -> Judgement:
         task = REASONING_TASK.format(question=inputs["question"], rationale=inputs.get("rationale", ""),
                                      answer=inputs["answer"])
-        out = runtime.llm.chat(evidence_prompt(inputs["passages"], task), Decoding(max_tokens=self.max_tokens))
+        out = yield Ask(self.name, evidence_prompt(inputs["passages"], task), Decoding(max_tokens=self.max_tokens))
         error, feedback = parse_reasoning_check(out.text)
         if error is None:
-            return Verdict("none", None, out.usage, detail="", fallback=f"unparseable: {out.text[:80]!r}")
-        return Verdict(error, None, out.usage, detail=feedback)
+            return Verdict("none", None, detail="", fallback=f"unparseable: {out.text[:80]!r}")
+        return Verdict(error, None, detail=feedback)
 

@@ -26,7 +26,7 @@ class CrossEncoderEntailment:
     def __post_init__(self) -> None:
         check_ranges(self)
 
-    def judge(self, runtime, inputs: Mapping[str, str]) -> Verdict:
+    def judge(self, inputs: Mapping[str, str]) -> Verdict:
         model, index = _cross_encoder(self.path)
         premise = f"{inputs.get('passages', '')}\n{inputs.get('rationale', '')}".strip()
         hypothesis = f"The answer to \"{inputs['question']}\" is {inputs['answer']}."
@@ -42,7 +42,7 @@ class ExtractiveExpert:
     path: str
     name: str = "expert"
 
-    def judge(self, runtime, inputs: Mapping[str, str]) -> Verdict:
+    def judge(self, inputs: Mapping[str, str]) -> Verdict:
         result = _qa_pipeline(self.path)(question=inputs["question"], context=inputs["passages"])
         return Verdict(str(result.get("answer", "")).strip(), float(result.get("score", 0.0)))
 

@@ -34,7 +34,7 @@ class AnswerSimilarity:
         if self.method not in METHODS:
             raise ConfigError(f"unknown similarity {self.method!r}; valid: {', '.join(METHODS)}")
 
-    def judge(self, runtime, inputs: Mapping[str, str]) -> Verdict:
+    def judge(self, inputs: Mapping[str, str]) -> Verdict:
         answer, reference = inputs["answer"].strip(), inputs["reference"].strip()
         if not answer or not reference:
             score = 0.0

@@ -26,27 +26,33 @@ class Ask:
 
     `prompt` is a conversation (a final assistant message is continued, not closed: FLARE resumes a
     partial answer so), one message with role "raw" (no template), or `TokenIds` (the back-end's own
-    token ids, e.g. a prompt built from a previous Completion's `prompt_ids` and `token_ids`)."""
+    token ids, e.g. a prompt built from a previous Completion's `prompt_ids` and `token_ids`).
+    `model` None asks the run's LLM; a spec string (e.g. "embedded-0.5b", "openai:MODEL@URL") asks the
+    model it names, built once per run by the runner (EvoCtx's separate decision model)."""
 
     purpose: str
     prompt: tuple[Message, ...] | TokenIds
     decoding: Decoding = Decoding()
+    model: str | None = None
 
 
 @dataclass(frozen=True)
 class Probe:
     """Read the probability of each whole label as the continuation of `prompt` (yes/no judges,
-    reflection labels). Sends back `LabelScores`; read it with `LabelScores.p`. `prompt` as in Ask."""
+    reflection labels). Sends back `LabelScores`; read it with `LabelScores.p`. `prompt` and `model`
+    as in Ask."""
 
     purpose: str
     prompt: tuple[Message, ...] | TokenIds
     labels: tuple[str, ...] = ("Yes", "No")
+    model: str | None = None
 
 
 @dataclass(frozen=True)
 class Assess:
     """Ask a judge (see `metarag.judges.base.Judge`) for a verdict on named inputs: texts, or tuples
-    of texts (e.g. an evidence boundary). Sends back a `Verdict`."""
+    of texts (e.g. an evidence boundary). Sends back a `Verdict`. A judge that asks a model is run as
+    a sub-policy: its own Ask / Probe steps come first in the trace, then its Judge step."""
 
     judge: Any
     inputs: Mapping[str, str | tuple[str, ...]] = field(default_factory=dict)

@@ -26,24 +26,24 @@ allocation (Figure 3), oracle agreement (Figure 4, with `oracle=True`) and confi
 
 Departures and readings, on purpose. The decision model is a judge (`DecisionModel`) so that it can
 be a different LLM from the generator (`decision_llm`; the paper pairs a thinking decider with an
-instruct generator); its prompt is not stored, its reasoning is (the Judge step's detail). φ is
+instruct generator): its request names that model, and the runner records its prompt and output as
+a Generate step before the Judge step (whose detail is the reasoning). φ is
 asked of the generator from the question and the sub-queries alone, as φ(Q, U) has no context. The
 ablations keep the stopping rule; "no-reasoning" asks the generator for a bare action and executes
 it, since without a trace there is nothing to place against the boundary.
 """
 from __future__ import annotations
 
-import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from metarag.errors import ConfigError, close_matches
 from metarag.judges.base import Verdict
 from metarag.judges.boundary import RULES, BoundaryJudge, make_encoder
-from metarag.llm.base import LLM, Decoding
+from metarag.llm.base import Decoding
 from metarag.llm.registry import LLMSpec, parse_llm_spec
-from metarag.methods.actions import Ask, Assess, Note, Probe, Search
+from metarag.methods.actions import Action, Ask, Assess, Note, Probe, Search
 from metarag.methods.evidence import evidence_prompt, format_passages
 from metarag.methods.runner import Policy
 from metarag.parsing import clean_answer, parse_decision, strip_label
@@ -338,39 +338,27 @@ def truncate_passage(passage: Passage, tokens: int) -> Passage | None:
 class DecisionModel:
     """f_dec(Q, C, U): the decision model writes its reasoning trace and proposes an action.
 
-    A judge, so that it may be another LLM than the run's (`llm_spec`, built on first use). Inputs:
-    "question", "passages" (formatted), "subqueries" (formatted). Verdict: the proposed action, with
-    the reasoning trace as its detail; an unreadable action falls back to THINK, recorded. With
+    A judge whose one request may go to another LLM than the run's: `llm_spec` (a spec string, "" for
+    the run's own) travels on its Ask, and the runner resolves it once per run. Inputs: "question",
+    "passages" (formatted), "subqueries" (formatted). Verdict: the proposed action, with the
+    reasoning trace as its detail; an unreadable action falls back to THINK, recorded. With
     `reasoning` False the prompt asks for the bare action (the w/o-Reasoning ablation).
     """
 
     def __init__(self, llm_spec: str = "", *, reasoning: bool = True, max_tokens: int = 192,
                  name: str = "evoctx-decision-model"):
-        self.spec = decision_llm_spec(llm_spec)
+        decision_llm_spec(llm_spec)  # a bad spec fails here, before any model loads
+        self.model = llm_spec or None
         self.reasoning = reasoning
         self.max_tokens = max_tokens
         self.name = name
-        self._llm: LLM | None = None
-        self._lock = threading.Lock()
 
-    def judge(self, runtime: Any, inputs: Mapping[str, str | tuple[str, ...]]) -> Verdict:
+    def judge(self, inputs: Mapping[str, str | tuple[str, ...]]) -> Generator[Action, Any, Verdict]:
         task = (DECISION_TASK if self.reasoning else BARE_DECISION_TASK).format(
             question=inputs["question"], subqueries=inputs.get("subqueries", "(none)"))
         prompt = evidence_prompt(str(inputs.get("passages", "")), task)
-        out = self.llm(runtime).chat(prompt, Decoding(max_tokens=self.max_tokens))
+        out = yield Ask(self.name, prompt, Decoding(max_tokens=self.max_tokens), model=self.model)
         action, reasoning = parse_decision(out.text, ACTIONS)
         if action is None:
-            return Verdict("THINK", None, out.usage, detail=reasoning,
-                           fallback=f"unparseable action: {out.text[-80:]!r}")
-        return Verdict(action, None, out.usage, detail=reasoning)
-
-    def llm(self, runtime: Any) -> LLM:
-        """The decision LLM: the run's own, or the separate one, loaded once."""
-        if self.spec is None:
-            return runtime.llm
-        with self._lock:
-            if self._llm is None:
-                from metarag.llm.registry import make_llm
-
-                self._llm = make_llm(self.spec)
-            return self._llm
+            return Verdict("THINK", None, detail=reasoning, fallback=f"unparseable action: {out.text[-80:]!r}")
+        return Verdict(action, None, detail=reasoning)

@@ -1,10 +1,15 @@
 """THE loop: runs any method's policy on questions, carries out its actions, records every step
 with its Usage and returns the Traces. The CLI, the evaluation harness and any UI all call `run`
 (one question) or `run_many` (many in lockstep, their model calls batched); `run` is `run_many` of one.
+
+Every model call of a run is a step of its trace: a judge that asks a model (`Assess`) and an LLM
+reranker (after each Search) run as sub-policies inside the method's policy (`_expanded`), so their
+Ask / Probe actions are batched, sampled, cached and recorded like the method's own.
 """
 from __future__ import annotations
 
 import hashlib
+import threading
 import time
 import traceback
 from collections import deque
@@ -82,7 +87,9 @@ class Runtime:
     With a `reranker`, each Search retrieves `rerank_depth` candidates and the reranker keeps k
     (the study reranks after every retrieval round and keeps the top five, §4.3.4). `sampling`
     overrides every Ask's decoding (None: each method's own, greedy). `workers` is how many of a
-    round's model requests go out at once to a back-end that does not batch (a server's slots)."""
+    round's model requests go out at once to a back-end that does not batch (a server's slots).
+    `models` holds the other LLMs that Ask / Probe actions name by spec string (`Ask.model`, e.g.
+    EvoCtx's decision model), each built on first use (`build_named_llm`) and kept for the run."""
 
     llm: LLM
     retriever: Retriever | None = None
@@ -90,6 +97,26 @@ class Runtime:
     rerank_depth: int = 20
     sampling: Sampling | None = None
     workers: int = 1
+    models: dict[str, LLM] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def llm_for(self, model: str | None) -> LLM:
+        """The LLM a request names: the run's own for None, else the model `model` names, built once."""
+        if not model:
+            return self.llm
+        with self._lock:  # the harness may run questions from several threads on one runtime
+            llm = self.models.get(model)
+            if llm is None:
+                llm = self.models[model] = build_named_llm(model)
+        return llm
+
+
+def build_named_llm(spec: str) -> LLM:
+    """The LLM a spec string names (`metarag.llm.registry`: "embedded-0.5b", "hf:PATH",
+    "openai:MODEL@URL" ...); this is where it loads."""
+    from metarag.llm.registry import make_llm
+
+    return make_llm(spec)
 
 
 def run(method: Method, question: Question, runtime: Runtime,
@@ -161,7 +188,7 @@ def run_many(method: Method, questions: Sequence[Question], runtime: Runtime, *,
                 sampling = runtime.sampling
                 if sampling is not None and seeds is not None:
                     sampling = replace(sampling, seed=seeds[i])
-                rollout = _Rollout(i, questions[i], method.policy(questions[i]), sampling)
+                rollout = _Rollout(i, questions[i], _expanded(method.policy(questions[i]), runtime), sampling)
                 _advance(rollout, None, method.name, report)
                 if rollout.trace is None:
                     active.append(rollout)
@@ -170,7 +197,7 @@ def run_many(method: Method, questions: Sequence[Question], runtime: Runtime, *,
             outcomes = _model_round(active, runtime)
             for rollout in active:
                 outcome = outcomes.get(rollout.index)
-                if outcome is None:  # Search, Assess, Note: carried out now, in question order
+                if outcome is None:  # Search, Note, a sub-policy's record: carried out now, in question order
                     try:
                         outcome = execute(rollout.action, runtime)
                     except Exception as exc:
@@ -223,27 +250,48 @@ def _fail(rollout: _Rollout, exc: Exception, method: str) -> None:
 
 
 def _model_round(active: list[_Rollout], runtime: Runtime) -> dict[int, tuple[list[Step], Any] | Exception]:
-    """Send every pending Ask and Probe of the round as one batch each; the steps and reply of each,
-    or its exception, by question position."""
+    """Send every pending Ask and Probe of the round as one batch per model they name (the run's
+    LLM, or `Ask.model`'s); the steps and reply of each, or its exception, by question position."""
     asks = [r for r in active if isinstance(r.action, Ask)]
     probes = [r for r in active if isinstance(r.action, Probe)]
-    decodings = []
+    decodings = {}
     for rollout in asks:
         decoding = rollout.action.decoding
         if rollout.sampling is not None:
             decoding = rollout.sampling.decoding(decoding, rollout.asks)
         rollout.asks += 1
-        decodings.append(decoding)
+        decodings[rollout.index] = decoding
     outcomes: dict[int, tuple[list[Step], Any] | Exception] = {}
-    completions = generate_many(runtime.llm, [r.action.prompt for r in asks], decodings, workers=runtime.workers)
-    for rollout, completion in zip(asks, completions):
-        outcomes[rollout.index] = completion if isinstance(completion, Exception) else \
-            _generated(rollout.action, completion)
-    scores = score_many(runtime.llm, [r.action.prompt for r in probes], [r.action.labels for r in probes],
-                        workers=runtime.workers)
-    for rollout, scored in zip(probes, scores):
-        outcomes[rollout.index] = scored if isinstance(scored, Exception) else _scored(rollout.action, scored)
+    for model, group in _by_model(asks).items():
+        try:
+            llm = runtime.llm_for(model)
+        except Exception as exc:  # a model that cannot be built fails the questions that asked for it
+            outcomes.update((r.index, exc) for r in group)
+            continue
+        completions = generate_many(llm, [r.action.prompt for r in group], [decodings[r.index] for r in group],
+                                    workers=runtime.workers)
+        for rollout, completion in zip(group, completions):
+            outcomes[rollout.index] = completion if isinstance(completion, Exception) else \
+                _generated(rollout.action, completion)
+    for model, group in _by_model(probes).items():
+        try:
+            llm = runtime.llm_for(model)
+        except Exception as exc:
+            outcomes.update((r.index, exc) for r in group)
+            continue
+        scores = score_many(llm, [r.action.prompt for r in group], [r.action.labels for r in group],
+                            workers=runtime.workers)
+        for rollout, scored in zip(group, scores):
+            outcomes[rollout.index] = scored if isinstance(scored, Exception) else _scored(rollout.action, scored)
     return outcomes
+
+
+def _by_model(rollouts: list[_Rollout]) -> dict[str | None, list[_Rollout]]:
+    """The rollouts by the model their pending request names, in order (None: the run's LLM)."""
+    groups: dict[str | None, list[_Rollout]] = {}
+    for rollout in rollouts:
+        groups.setdefault(rollout.action.model or None, []).append(rollout)
+    return groups
 
 
 def _generated(action: Ask, completion: Completion) -> tuple[list[Step], Completion]:
@@ -266,19 +314,13 @@ def _recorded_prompt(prompt: Any) -> tuple[tuple, tuple[int, ...] | None]:
 
 
 def execute(action: Action, runtime: Runtime) -> tuple[list[Step], Any]:
-    """Carry out one Search, Assess or Note (Ask and Probe go in batches, `_model_round`); return the
+    """Carry out one Search or Note, or record a sub-policy's steps (Ask and Probe go in batches,
+    `_model_round`; Assess and reranking are expanded into sub-policies, `_expanded`); return the
     steps that record it and the reply for the policy."""
     if isinstance(action, Search):
         return _search(action, runtime)
-    if isinstance(action, Assess):
-        start = time.perf_counter()
-        verdict = action.judge.judge(runtime, action.inputs)
-        usage = verdict.usage if verdict.usage.llm_requests else Usage(latency_s=time.perf_counter() - start)
-        # input sizes: words of a text, items of a list (e.g. an evidence boundary)
-        sizes = {name: len(value.split()) if isinstance(value, str) else len(value)
-                 for name, value in action.inputs.items()}
-        return [Judge(usage, action.judge.name, verdict.verdict, verdict.score, sizes, verdict.detail,
-                      verdict.fallback)], verdict
+    if isinstance(action, _Record):
+        return list(action.steps), None
     if isinstance(action, Note):
         return [Decide(Usage(), action.name, action.choice, dict(action.signals))], None
     raise TypeError(f"a method yielded {action!r}, which is not an action")
@@ -287,14 +329,97 @@ def execute(action: Action, runtime: Runtime) -> tuple[list[Step], Any]:
 def _search(action: Search, runtime: Runtime) -> tuple[list[Step], list]:
     if runtime.retriever is None:
         raise ConfigError("this method retrieves, but the run has no retriever (give --corpus)")
-    depth = max(action.k, runtime.rerank_depth) if runtime.reranker is not None else action.k
     start = time.perf_counter()
-    hits = runtime.retriever.search(action.query, depth, exclude=action.exclude)
+    hits = runtime.retriever.search(action.query, action.k, exclude=action.exclude)
     usage = Usage(latency_s=time.perf_counter() - start, retrieval_calls=1)
-    steps: list[Step] = [Retrieve(usage, action.query, depth, tuple(hits))]
-    if runtime.reranker is None:
-        return steps, hits
-    reranked = runtime.reranker.rerank(action.query, hits, action.k)
-    steps.append(Rerank(reranked.usage, runtime.reranker.name, action.query,
-                        tuple(h.passage.id for h in hits), reranked.hits, reranked.fallback))
-    return steps, list(reranked.hits)
+    return [Retrieve(usage, action.query, action.k, tuple(hits))], hits
+
+
+# ------------------------------------------------------------------------------ sub-policies
+@dataclass(frozen=True)
+class _Record:
+    """Steps a sub-policy's end puts in the trace (a Judge or Rerank step); costs no request."""
+
+    steps: tuple[Step, ...]
+
+
+def _expanded(policy: Generator[Any, Any, Any], runtime: Runtime) -> Generator[Any, Any, Any]:
+    """`policy` with every `Assess` run as the judge's sub-policy and, when the run reranks, every
+    Search followed by the reranker's: their Ask / Probe actions pass up to the loop like the
+    policy's own, then a Judge / Rerank step records the outcome. The same value as `policy`."""
+    reply = None
+    try:
+        while True:
+            try:
+                action = policy.send(reply)
+            except StopIteration as stop:
+                return stop.value
+            if isinstance(action, Assess):
+                reply = yield from _assessed(action, runtime)
+            elif isinstance(action, Search) and runtime.reranker is not None:
+                reply = yield from _reranked(action, runtime)
+            else:
+                reply = yield action
+    finally:
+        policy.close()
+
+
+def _assessed(action: Assess, runtime: Runtime) -> Generator[Any, Any, Any]:
+    """A judge's verdict, and its Judge step. A judge that asks a model costs its requests' steps,
+    so its Judge step's Usage is empty; one that computes is timed."""
+    start = time.perf_counter()
+    result = action.judge.judge(action.inputs)
+    if isinstance(result, Generator):
+        verdict = yield from _expanded(result, runtime)
+        usage = Usage()
+    else:
+        verdict, usage = result, Usage(latency_s=time.perf_counter() - start)
+    # input sizes: words of a text, items of a list (e.g. an evidence boundary)
+    sizes = {name: len(value.split()) if isinstance(value, str) else len(value)
+             for name, value in action.inputs.items()}
+    yield _Record((Judge(usage, action.judge.name, verdict.verdict, verdict.score, sizes, verdict.detail,
+                         verdict.fallback),))
+    return verdict
+
+
+def _reranked(action: Search, runtime: Runtime) -> Generator[Any, Any, list]:
+    """A Search with the run's reranker: `rerank_depth` candidates retrieved, the reranker's top k
+    kept, its requests (if it asks the LLM) and a Rerank step recorded."""
+    reranker = runtime.reranker
+    hits = yield replace(action, k=max(action.k, runtime.rerank_depth))
+    start = time.perf_counter()
+    result = reranker.rerank(action.query, hits, action.k)
+    if isinstance(result, Generator):
+        reranked = yield from _expanded(result, runtime)
+        usage = Usage()
+    else:
+        reranked, usage = result, Usage(latency_s=time.perf_counter() - start)
+    yield _Record((Rerank(usage, reranker.name, action.query, tuple(h.passage.id for h in hits), reranked.hits,
+                          reranked.fallback),))
+    return list(reranked.hits)
+
+
+def drive(call: Any, runtime: Runtime) -> tuple[Any, Trace]:
+    """What a judge's or reranker's call comes to, run through the loop on its own (for tools and
+    tests; a method yields Assess instead): (its return value, the trace of its requests). `call`
+    is a sub-policy or a plain value; an exception inside it is raised again here."""
+    driven = _Driven(call)
+    trace = run(driven, Question("drive", ""), runtime)
+    if driven.error is not None:
+        raise driven.error
+    return driven.value, trace
+
+
+class _Driven:
+    name = "drive"
+
+    def __init__(self, call: Any):
+        self.call, self.value, self.error = call, None, None
+
+    def policy(self, question: Question) -> Policy:
+        try:
+            self.value = (yield from self.call) if isinstance(self.call, Generator) else self.call
+        except Exception as exc:
+            self.error = exc
+            raise
+        return ""

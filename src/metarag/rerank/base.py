@@ -1,20 +1,24 @@
-"""The one reranking verb. Rerankers run after every retrieval round, inside the runner's Search."""
+"""The one reranking verb. Rerankers run after every retrieval round, inside the runner's Search.
+
+A reranker that asks the LLM returns a sub-policy (a generator yielding Ask / Probe, returning its
+`Reranked`): the runner records each request as a step, then the Rerank step. One with a model of
+its own (a cross-encoder, embeddings) returns `Reranked` directly and the runner times it."""
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
-from metarag.records import Hit, Usage
+from metarag.records import Hit
 
 
 @dataclass(frozen=True)
 class Reranked:
-    """A reranker's output: the top hits in their new order (scores are the reranker's), what it
-    cost, and why it kept the input order when it could not do better (None when it reranked)."""
+    """A reranker's output: the top hits in their new order (scores are the reranker's) and why it
+    kept the input order when it could not do better (None when it reranked). No Usage: its model
+    requests are steps of their own, its own compute is the Rerank step's latency."""
 
     hits: tuple[Hit, ...]
-    usage: Usage = Usage()
     fallback: str | None = None
 
 
@@ -24,4 +28,4 @@ class Reranker(Protocol):
 
     name: str
 
-    def rerank(self, query: str, hits: Sequence[Hit], k: int) -> Reranked: ...
+    def rerank(self, query: str, hits: Sequence[Hit], k: int) -> Reranked | Generator[Any, Any, Reranked]: ...

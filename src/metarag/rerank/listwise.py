@@ -8,13 +8,15 @@ same scheme on any LLM of the protocol (the embedded model or an OpenAI-compatib
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from metarag.errors import ConfigError
-from metarag.llm.base import LLM, Decoding
+from metarag.llm.base import Decoding
+from metarag.methods.actions import Action, Ask
 from metarag.parsing import NO_IDS, parse_permutation
-from metarag.records import Hit, Message, Passage, Usage
+from metarag.records import Hit, Message, Passage
 from metarag.rerank.base import Reranked
 from metarag.rerank.pointwise import passage_excerpt
 from metarag.settings import check_ranges, setting
@@ -82,12 +84,12 @@ class ListwiseReranker:
     Scores of the kept hits are reciprocal ranks (1, 1/2, 1/3 ...): a listwise model gives an order,
     not scores. A window whose answer names no valid passage keeps its order, and the failure is
     recorded in `Reranked.fallback`; partly valid answers are repaired (see `parse_permutation`).
+    A sub-policy: one `Ask` per window (purpose "listwise"), each recorded by the runner as a step.
     """
 
     name = "listwise"
 
-    def __init__(self, llm: LLM, settings: ListwiseSettings = ListwiseSettings()):
-        self.llm = llm
+    def __init__(self, settings: ListwiseSettings = ListwiseSettings()):
         self.settings = settings
 
     def prompt(self, query: str, passages: Sequence[Passage]) -> tuple[Message, ...]:
@@ -99,20 +101,18 @@ class ListwiseReranker:
                             LISTWISE_INSTRUCTION.format(n=n, query=query)))
         return (Message("system", LISTWISE_SYSTEM), Message("user", user))
 
-    def rerank(self, query: str, hits: Sequence[Hit], k: int) -> Reranked:
+    def rerank(self, query: str, hits: Sequence[Hit], k: int) -> Generator[Action, Any, Reranked]:
         order = list(hits)
-        usage = Usage()
         failures: list[str] = []
         spans = sliding_windows(len(order), self.settings.window, self.settings.step)
         for number, (start, end) in enumerate(spans, 1):
             window = order[start:end]
-            completion = self.llm.chat(self.prompt(query, [hit.passage for hit in window]),
-                                       Decoding(max_tokens=self.settings.answer_tokens(len(window))))
-            usage = usage + completion.usage
+            completion = yield Ask(self.name, self.prompt(query, [hit.passage for hit in window]),
+                                   Decoding(max_tokens=self.settings.answer_tokens(len(window))))
             permutation, problems = parse_permutation(completion.text, len(window))
             if NO_IDS in problems:
                 failures.append(f"window {number}/{len(spans)} (candidates {start + 1}-{end}): {NO_IDS}")
                 continue
             order[start:end] = [window[i] for i in permutation]
         kept = tuple(Hit(hit.passage, 1.0 / rank, self.name) for rank, hit in enumerate(order[:max(k, 0)], 1))
-        return Reranked(kept, usage, "; ".join(failures) or None)
+        return Reranked(kept, "; ".join(failures) or None)

@@ -10,15 +10,14 @@ from __future__ import annotations
 
 import json
 import os
-import time
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from metarag.errors import BackendError, ConfigError, DataError, MissingDependency
-from metarag.llm.base import LLM
-from metarag.records import Hit, Message, Passage, Usage
+from metarag.methods.actions import Action, Probe
+from metarag.records import Hit, Message, Passage
 from metarag.rerank.base import Reranked
 from metarag.settings import check_ranges, setting
 
@@ -64,16 +63,17 @@ class LLMJudgeSettings:
 class LLMJudgeReranker:
     """Scores each candidate by the LLM's probability of "Yes", renormalized over {Yes, No}.
 
-    Renormalizing makes scores comparable across passages: the raw P(Yes) also moves with the mass
-    the model puts on tokens other than the two labels (a lowercase "yes", a space), which says
-    nothing about relevance. If no passage gets any mass on either label, the retrieval order is
-    kept and `Reranked.fallback` says so.
+    A sub-policy: one `Probe` per candidate (purpose "llm-judge"), carried out and recorded by the
+    runner like any request of the run. Renormalizing makes scores comparable across passages: the
+    raw P(Yes) also moves with the mass the model puts on tokens other than the two labels, which
+    says nothing about relevance. A candidate without mass on either label gets `LabelScores.p`'s
+    uniform score; if no candidate has any, the retrieval order is kept and `Reranked.fallback`
+    says so.
     """
 
     name = "llm-judge"
 
-    def __init__(self, llm: LLM, settings: LLMJudgeSettings = LLMJudgeSettings()):
-        self.llm = llm
+    def __init__(self, settings: LLMJudgeSettings = LLMJudgeSettings()):
         self.settings = settings
 
     def prompt(self, query: str, passage: Passage) -> tuple[Message, ...]:
@@ -81,19 +81,17 @@ class LLMJudgeReranker:
         text = JUDGE_PROMPT.format(question=query, passage=passage_excerpt(passage, self.settings.max_words))
         return (Message("user", text),)
 
-    def rerank(self, query: str, hits: Sequence[Hit], k: int) -> Reranked:
-        usage = Usage()
+    def rerank(self, query: str, hits: Sequence[Hit], k: int) -> Generator[Action, Any, Reranked]:
         scores: list[float] = []
-        any_mass = False
+        without_mass = 0
         for hit in hits:
-            labels = self.llm.score_labels(self.prompt(query, hit.passage), JUDGE_LABELS)
-            usage = usage + labels.usage
-            any_mass = any_mass or sum(labels.probs) > 0
-            scores.append(labels.normalized()["Yes"])
-        if hits and not any_mass:
-            return Reranked(tuple(hits[:max(k, 0)]), usage,
-                            "the LLM put no probability on Yes or No for any passage")
-        return Reranked(order_by_scores(self.name, hits, scores, k), usage)
+            labels = yield Probe(self.name, self.prompt(query, hit.passage), JUDGE_LABELS)
+            p_yes, fallback = labels.p("Yes")
+            without_mass += fallback is not None
+            scores.append(p_yes)
+        if hits and without_mass == len(hits):
+            return Reranked(tuple(hits[:max(k, 0)]), fallback="the LLM put no probability on Yes or No for any passage")
+        return Reranked(order_by_scores(self.name, hits, scores, k))
 
 
 # ----------------------------------------------------------------------------- cross-encoder
@@ -154,7 +152,6 @@ class CrossEncoderReranker:
     def rerank(self, query: str, hits: Sequence[Hit], k: int) -> Reranked:
         if not hits:
             return Reranked(())
-        start = time.perf_counter()
         # The cross-encoder truncates to its own token limit, so passages go in whole.
         pairs = [(query, passage_excerpt(hit.passage)) for hit in hits]
         scores = self._model.predict(pairs, batch_size=self.settings.batch_size, show_progress_bar=False,
@@ -162,8 +159,7 @@ class CrossEncoderReranker:
         if getattr(scores, "ndim", 1) != 1:
             raise DataError(f"the cross-encoder gives {scores.shape[-1]} scores per pair; a reranker "
                             "gives one (num_labels=1)", path=str(self.path))
-        usage = Usage(latency_s=time.perf_counter() - start)
-        return Reranked(order_by_scores(self.name, hits, scores.tolist(), k), usage)
+        return Reranked(order_by_scores(self.name, hits, scores.tolist(), k))
 
 
 def _load_cross_encoder(path: Path, max_length: int | None) -> Any:
@@ -212,10 +208,8 @@ class CosineReranker:
     def rerank(self, query: str, hits: Sequence[Hit], k: int) -> Reranked:
         if not hits:
             return Reranked(())
-        start = time.perf_counter()
         vectors = self._encoder.encode([query, *(hit.passage.contents() for hit in hits)],
                                        batch_size=self.settings.batch_size, normalize_embeddings=True,
                                        convert_to_numpy=True, show_progress_bar=False)
         scores = vectors[1:] @ vectors[0]
-        usage = Usage(latency_s=time.perf_counter() - start)
-        return Reranked(order_by_scores(self.name, hits, scores.tolist(), k), usage)
+        return Reranked(order_by_scores(self.name, hits, scores.tolist(), k))

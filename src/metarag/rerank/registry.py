@@ -1,7 +1,7 @@
 """Reranker names -> lazily built rerankers. A spec is a name, or "cross-encoder:PATH" for a model folder.
 
 `check_reranker` validates a spec and its settings before any model is loaded; `build_reranker` is
-where a reranker's model loads (the LLM ones reuse the run's LLM).
+where a reranker's model loads (the LLM ones hold none: their requests go to the run's LLM).
 """
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ from collections.abc import Mapping
 from typing import Any
 
 from metarag.errors import ConfigError, close_matches
-from metarag.llm.base import LLM
 from metarag.rerank.base import Reranker
 from metarag.settings import override
 
@@ -22,8 +21,7 @@ RERANKERS: dict[str, tuple[str, str, str] | None] = {
     "cosine": ("metarag.rerank.pointwise", "CosineReranker", "CosineSettings"),
     "cross-encoder": ("metarag.rerank.pointwise", "CrossEncoderReranker", "CrossEncoderSettings"),
 }
-# Rerankers that ask the run's LLM, and the one whose spec carries a model folder after a colon.
-NEEDS_LLM = frozenset({"llm", "listwise"})
+# The reranker whose spec carries a model folder after a colon.
 TAKES_PATH = frozenset({"cross-encoder"})
 
 
@@ -65,18 +63,14 @@ def check_reranker(spec: str, overrides: Mapping[str, Any] | None = None) -> Non
         check_cross_encoder_folder(settings.path)
 
 
-def build_reranker(spec: str, llm: LLM | None = None,
-                   overrides: Mapping[str, Any] | None = None) -> Reranker | None:
+def build_reranker(spec: str, overrides: Mapping[str, Any] | None = None) -> Reranker | None:
     """The reranker `spec` names ("none", "llm", "listwise", "cosine" or "cross-encoder:PATH"), or None
-    for "none". The LLM rerankers use `llm`; the others load their model here."""
+    for "none". The LLM rerankers ask the run's LLM through the runner; the others load their model here."""
     name, _ = parse_reranker_spec(spec)
     entry = RERANKERS[name]
     if entry is None:
         reranker_settings(spec, overrides)  # still refuse settings given to "none"
         return None
-    if name in NEEDS_LLM and llm is None:
-        raise ConfigError(f"reranker {name!r} asks an LLM, but none was given")
     settings = reranker_settings(spec, overrides)
     module, reranker_cls, _ = entry
-    cls = getattr(importlib.import_module(module), reranker_cls)
-    return cls(llm, settings) if name in NEEDS_LLM else cls(settings)
+    return getattr(importlib.import_module(module), reranker_cls)(settings)
