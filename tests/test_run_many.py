@@ -12,7 +12,7 @@ import pytest
 from conftest import SHARED_DATA
 from test_methods import without_latency
 
-from metarag.data.datasets import resolve_preset
+from metarag.data.datasets import resolve_preset, sample
 from metarag.errors import BackendError, ConfigError
 from metarag.llm.base import Decoding, generate
 from metarag.llm.scripted import ScriptedLLM
@@ -33,12 +33,14 @@ def pick(prompt: str, salt: str = "") -> str:
 
 @pytest.fixture(scope="module")
 def dataset():
-    """20 questions of hotpotqa-dev500 where the data folder has it, else of the shipped demo set."""
+    """The 20 questions `--limit 20` picks from hotpotqa-dev500 (their paragraphs the corpus), or from
+    the shipped demo set where the data folder is absent."""
     if (SHARED_DATA / "hotpotqa" / "dev500_ircot.jsonl").is_file():
         data = resolve_preset("hotpotqa-dev500", SHARED_DATA)
     else:
         data = resolve_preset("demo")
-    return list(data.questions[:20]), MemoryRetriever(list(data.passages))
+    data = sample(data, 20, 0)
+    return list(data.questions), MemoryRetriever(list(data.passages))
 
 
 def standard_llm() -> ScriptedLLM:
@@ -323,3 +325,31 @@ def test_the_answer_step_is_reported_and_recorded_once():
     trace = run(TwoAsks(), Question("q", "x"), Runtime(ScriptedLLM(default="y")), on_step=steps.append)
     assert steps == list(trace.steps) and isinstance(steps[-1], Answer)
     assert sum(isinstance(s, Generate) for s in steps) == 2
+
+
+def test_sampled_rollouts_through_a_batching_transformers_model():
+    """G rollouts of one question as one padded batch per round on a tiny random Qwen2: they differ
+    by seed and repeat exactly with the same seeds; greedy ignores the seeds."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from tiny_hf import tiny_llm
+
+    llm = tiny_llm()
+    sizes: list[int] = []
+    batch = llm.generate_batch
+
+    def recording(prompts, decodings):
+        sizes.append(len(prompts))
+        return batch(prompts, decodings)
+
+    llm.generate_batch = recording
+    q = Question("q", "Who built the tower?")
+    sampled = Runtime(llm, sampling=Sampling(temperature=1.0, top_p=0.95))
+    first = run_many(TwoAsks(), [q] * 4, sampled, seeds=range(4))
+    again = run_many(TwoAsks(), [q] * 4, sampled, seeds=range(4))
+    assert sizes == [4, 4, 4, 4]  # two Asks per rollout, each round one batch of the four rollouts
+    assert [t.error for t in first] == [None] * 4
+    assert [t.answer for t in first] == [t.answer for t in again]
+    assert len({t.answer for t in first}) == 4
+    greedy = run_many(TwoAsks(), [q] * 2, Runtime(llm))
+    assert greedy[0].answer == greedy[1].answer
