@@ -214,6 +214,8 @@ class Generate(Step):
     logprobs: tuple[TokenLogprob, ...] | None = None  # the generated tokens, kept only when asked for
     # a prompt given as token ids (then `prompt` is empty); absent from the JSON when None
     prompt_ids: tuple[int, ...] | None = field(default=None, metadata={"omit_default": True})
+    # the spec string of the model asked when it is not the run's LLM (`Ask.model`); absent when None
+    model: str | None = field(default=None, metadata={"omit_default": True})
 
 
 @dataclass(frozen=True)
@@ -226,6 +228,7 @@ class Score(Step):
     labels: tuple[str, ...]
     probs: tuple[float, ...]
     prompt_ids: tuple[int, ...] | None = field(default=None, metadata={"omit_default": True})
+    model: str | None = field(default=None, metadata={"omit_default": True})  # as in Generate
 
 
 @dataclass(frozen=True)

@@ -298,12 +298,13 @@ def _generated(action: Ask, completion: Completion) -> tuple[list[Step], Complet
     # per-token data only when the request asked for it: traces stay small
     tokens = completion.tokens if action.decoding.wants_tokens else None
     prompt, ids = _recorded_prompt(action.prompt)
-    return [Generate(completion.usage, action.purpose, prompt, completion.text, tokens, ids)], completion
+    return [Generate(completion.usage, action.purpose, prompt, completion.text, tokens, ids, action.model or None)], \
+        completion
 
 
 def _scored(action: Probe, scores: LabelScores) -> tuple[list[Step], LabelScores]:
     prompt, ids = _recorded_prompt(action.prompt)
-    return [Score(scores.usage, action.purpose, prompt, scores.labels, scores.probs, ids)], scores
+    return [Score(scores.usage, action.purpose, prompt, scores.labels, scores.probs, ids, action.model or None)], scores
 
 
 def _recorded_prompt(prompt: Any) -> tuple[tuple, tuple[int, ...] | None]:
