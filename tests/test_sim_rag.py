@@ -19,7 +19,7 @@ from metarag.errors import ConfigError
 from metarag.judges.critic import MANIFEST_FILE, LLMCritic, critic_text, load_critic
 from metarag.llm.scripted import ScriptedLLM
 from metarag.methods.runner import Runtime, run
-from metarag.methods.sim_rag import SimRAG, SimRAGSettings, build_critic
+from metarag.methods.sim_rag import SimRAG, SimRAGPractice, SimRAGSettings, build_critic
 from metarag.parsing import parse_answer_rationale, parse_query
 from metarag.records import Decide, Generate, Judge, Question, Retrieve, Score
 from metarag.retrieve.memory import MemoryRetriever
@@ -202,6 +202,76 @@ def test_self_practice_labels_answers_against_gold(corpus):
     f1 = self_practice(practice_dataset(corpus), ScriptedLLM([("Answer this", "Answer: Dijon France\nRationale: x")]),
                        MemoryRetriever(corpus), PracticeSettings(evidence_sizes=(1,), label="f1"), progress=False)
     assert f1[0].em == 0.0 and f1[0].f1 == pytest.approx(2 / 3) and f1[0].correct
+
+
+def test_self_practice_golden_trace(corpus):
+    """One retrieval, then a `practice-evidence` step and the reasoner's answer per evidence size."""
+    llm = ScriptedLLM([("born in Dijon in 1832.*Answer this multi-hop", RIGHT), ("Answer this multi-hop", WRONG)])
+    trace = run(SimRAGPractice(), Q, Runtime(llm, MemoryRetriever(corpus)))
+    assert trace.error is None and trace.answer == "Dijon"
+    got = without_latency(trace)
+    path = GOLDEN / "sim-rag-practice-evidence.json"
+    if os.environ.get("METARAG_UPDATE_GOLDEN"):
+        path.write_text(json.dumps(got, indent=1, ensure_ascii=False) + "\n")
+    assert got == json.loads(path.read_text())
+    assert [s.kind for s in trace.steps[:3]] == ["retrieve", "decide", "generate"]
+    assert [s.choice for s in trace.of_kind(Decide)] == ["0", "1", "3", "5"]
+
+
+def test_run_training_practises_through_the_harness_and_resumes(tmp_path, corpus):
+    """Self-practice is an eval run: its traces are in a run folder, an interrupted run resumes
+    there (only the missing questions are asked again), and the labels come from the traces."""
+    pytest.importorskip("sklearn")
+    from metarag.evaluate.harness import DatasetSpec
+    from metarag.evaluate.runs import RunStore
+    from metarag.train.critic import (
+        PRACTICE_FILE,
+        CriticTrainSettings,
+        PracticeSettings,
+        load_examples,
+        practice_examples,
+        run_training,
+    )
+
+    questions = tuple(Question(f"q{i}", f"{Q.text} (take {i})", ("Dijon",)) for i in range(6))
+    data_file = tmp_path / "tiny_train.jsonl"
+    data_file.write_text("".join(json.dumps({"id": q.id, "question": q.text, "golden_answers": list(q.answers)})
+                                 + "\n" for q in questions))
+    corpus_file = tmp_path / "corpus.jsonl"
+    corpus_file.write_text("".join(json.dumps({"id": p.id, "title": p.title, "text": p.text}) + "\n"
+                                   for p in corpus))
+    spec = DatasetSpec(file=str(data_file), corpus=str(corpus_file))
+    practice = PracticeSettings(evidence_sizes=(0, 2))
+
+    def reasoner(prompt):
+        if "(take 3)" in prompt and down:
+            from metarag.errors import BackendError
+
+            raise BackendError("server down", retryable=True)
+        return RIGHT if "Passages:" in prompt else WRONG
+
+    down = True
+    llm = ScriptedLLM([("Answer this", reasoner)])
+    out = tmp_path / "critic"
+    first = run_training([spec], out, llm=llm, encoder=HashingEncoder(), practice=practice, progress=False,
+                         train=CriticTrainSettings(heldout=0.0))
+    assert first.examples == 10 and first.questions == 5  # q3 failed: left out, retried next time
+    [folder] = (out / "practice-runs").iterdir()
+    assert folder.name.startswith("sim-rag-practice-tiny_train-")
+    results = RunStore(folder).load_results()
+    assert sorted(results) == [q.id for q in questions] and results["q3"].retryable
+    trace = results["q0"].trace
+    assert [s.purpose for s in trace.of_kind(Generate)] == ["answer", "answer"]  # every answer is in the trace
+    assert practice_examples("tiny_train", questions[0], trace, practice) == \
+        [e for e in load_examples(out / PRACTICE_FILE) if e.question_id == "q0"]
+
+    down = False
+    asked = len(llm.prompts)
+    again = run_training([spec], out, llm=llm, encoder=HashingEncoder(), practice=practice, progress=False,
+                         train=CriticTrainSettings(heldout=0.0))
+    assert len(llm.prompts) - asked == 2  # only q3's two answers were asked again
+    assert again.examples == 12 and again.questions == 6 and again.correct == 6
+    assert [e.correct for e in load_examples(out / PRACTICE_FILE) if e.question_id == "q3"] == [False, True]
 
 
 @pytest.mark.parametrize("name, allowed", [

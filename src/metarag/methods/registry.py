@@ -15,6 +15,8 @@ METHODS: dict[str, tuple[str, str, str]] = {
     "standard-rag": ("metarag.methods.standard_rag", "StandardRAG", "StandardRAGSettings"),
     "metarag": ("metarag.methods.metarag", "MetaRAG", "MetaRAGSettings"),
     "sim-rag": ("metarag.methods.sim_rag", "SimRAG", "SimRAGSettings"),
+    # SIM-RAG's self-practice (the critic's training data), run by `metarag train-critic` through the harness
+    "sim-rag-practice": ("metarag.methods.sim_rag", "SimRAGPractice", "SelfPracticeSettings"),
     "evoctx": ("metarag.methods.evoctx", "EvoCtx", "EvoCtxSettings"),
     "iterdrag": ("metarag.methods.iterdrag", "IterDRAG", "IterDRAGSettings"),
 }

@@ -142,3 +142,51 @@ class SimRAG:
                 break
             hits.extend(new)
         return answer
+
+
+# ----------------------------------------------------------------------------------- self-practice
+PRACTICE_EVIDENCE = "practice-evidence"  # the Decide step naming how many passages the next answer saw
+
+
+@dataclass(frozen=True)
+class SelfPracticeSettings:
+    """SIM-RAG's self-practice (Yang et al., 2025, §3.2): the reasoner answers a training question
+    over growing evidence, so the critic learns from answers made with too little and with enough.
+
+    evidence_sizes = (0, 1, 3, 5): answers over the top 0, 1, 3 and 5 passages of one retrieval (the
+    official code varies evidence by running its retrieval turns; prefixes of one retrieval do the
+    same in fewer calls, and share the KV cache). max_tokens = 128, the reasoner's budget in SIM-RAG.
+    """
+
+    evidence_sizes: tuple[int, ...] = (0, 1, 3, 5)
+    max_tokens: int = setting(128, ge=1)
+
+    def __post_init__(self) -> None:
+        check_ranges(self)
+        if not self.evidence_sizes or any(n < 0 for n in self.evidence_sizes):
+            raise ConfigError(f"evidence_sizes must be counts >= 0, got {self.evidence_sizes}")
+
+
+class SimRAGPractice:
+    """Self-practice as a method, so the evaluation harness runs it (a run folder, resumable, every
+    answer a Generate step): one retrieval of the top max(evidence_sizes) passages, then one answer
+    per evidence size, smallest first so each prompt extends the previous one's cached prefix. Each
+    answer follows a `practice-evidence` Decide step with the passages it saw; `metarag.train.critic`
+    labels the answers from the trace. The returned answer is the one over the most evidence."""
+
+    name = "sim-rag-practice"
+
+    def __init__(self, settings: SelfPracticeSettings = SelfPracticeSettings()):
+        self.settings = settings
+
+    def policy(self, question: Question) -> Policy:
+        sizes = sorted(set(self.settings.evidence_sizes))
+        hits: list[Hit] = list((yield Search(question.text, sizes[-1]))) if sizes[-1] > 0 else []
+        answer = ""
+        for n in sizes:
+            shown = hits[:n]
+            yield Note(PRACTICE_EVIDENCE, str(len(shown)), (("passages", float(len(shown))),))
+            completion = yield Ask("answer", reasoner_prompt(question.text, format_passages(shown)),
+                                   Decoding(max_tokens=self.settings.max_tokens))
+            answer = parse_answer_rationale(completion.text)[0]
+        return answer

@@ -1,11 +1,14 @@
 """SIM-RAG's self-practice and critic training (Yang et al., 2025; study §3.2): make the data a critic
 learns from by letting the reasoner answer training questions, then train a lightweight critic on it.
 
-1. `self_practice`: the SIM-RAG reasoner (its own prompt and answer parser, `methods.sim_rag`)
+1. Self-practice: the SIM-RAG reasoner (its own prompt and answer parser, `methods.sim_rag`)
    answers each training question over growing prefixes of the question's retrieval (0, 1, 3, 5
    passages by default), so the same question yields answers made with too little and with enough
-   evidence; each (question, passages, answer, rationale) is labelled correct or not against gold
-   (exact match, or token F1 at or above a threshold).
+   evidence. It is a method (`sim-rag-practice`, `methods.sim_rag.SimRAGPractice`) run through the
+   runner, and by `run_training` through the evaluation harness: its traces land in a run folder
+   like any eval's, and a re-run resumes. `practice_examples` reads the answers back from the traces
+   and labels each (question, passages, answer, rationale) correct or not against gold (exact
+   match, or token F1 at or above a threshold).
 2. `train_critic`: logistic regression (class-balanced) or a small MLP, both scikit-learn, on the
    MiniLM embeddings of `critic_text`; accuracy and ROC AUC on held-out questions; saved as
    `critic.joblib` + `manifest.json` for `--set critic=DIR`.
@@ -44,11 +47,11 @@ from metarag.judges.critic import (
     import_joblib,
     load_critic,
 )
-from metarag.llm.base import LLM, Decoding, generate
+from metarag.llm.base import LLM
 from metarag.methods.evidence import format_passages
-from metarag.methods.sim_rag import SimRAGSettings, reasoner_prompt
+from metarag.methods.sim_rag import PRACTICE_EVIDENCE, SelfPracticeSettings, SimRAGPractice, SimRAGSettings
 from metarag.parsing import parse_answer_rationale
-from metarag.records import Question
+from metarag.records import Decide, Generate, Question, Retrieve, Trace
 from metarag.retrieve.base import Retriever
 
 if TYPE_CHECKING:
@@ -95,12 +98,9 @@ def check_training_split(dataset: Dataset, allow_any: bool = False) -> None:
 class PracticeSettings:
     """How self-practice makes critic training data.
 
-    evidence_sizes = (0, 1, 3, 5): answers over the top 0, 1, 3 and 5 retrieved passages, so each
-    question gives answers made with no, partial and the full first-round evidence (the official
-    code varies evidence by running its retrieval turns; prefixes of one retrieval do the same in
-    fewer calls, and share the KV cache). label = "em": correct when the answer exactly matches a
+    evidence_sizes = (0, 1, 3, 5) and max_tokens are the practice run's (`SelfPracticeSettings`,
+    where their defaults are explained). label = "em": correct when the answer exactly matches a
     gold alias (official labels use EM); "f1" labels correct at token F1 >= f1_threshold.
-    max_tokens: the reasoner's budget, that of SIM-RAG at inference.
     """
 
     evidence_sizes: tuple[int, ...] = (0, 1, 3, 5)
@@ -115,6 +115,11 @@ class PracticeSettings:
             raise ConfigError(f"label must be 'em' or 'f1', got {self.label!r}")
         if not 0.0 < self.f1_threshold <= 1.0:
             raise ConfigError(f"f1_threshold must be in (0, 1], got {self.f1_threshold}")
+        self.run_settings()  # the practice run's own checks
+
+    def run_settings(self) -> SelfPracticeSettings:
+        """The settings of the practice run (the method `sim-rag-practice`)."""
+        return SelfPracticeSettings(tuple(self.evidence_sizes), self.max_tokens)
 
 
 @dataclass(frozen=True)
@@ -140,30 +145,50 @@ class PracticeExample:
 def self_practice(dataset: Dataset, llm: LLM, retriever: Retriever | None,
                   settings: PracticeSettings = PracticeSettings(), *, allow_any: bool = False, progress: bool = True,
                   on_example: Callable[[PracticeExample], None] | None = None) -> list[PracticeExample]:
-    """The SIM-RAG reasoner's answers to each question of a training `dataset`, labelled against gold.
-
-    One retrieval per question (top max(evidence_sizes) for the question text); one answer per
-    evidence size, smallest first so each prompt extends the previous one's cached prefix.
-    Questions without gold answers are skipped. `on_example` sees each example as it is made.
-    """
+    """The SIM-RAG reasoner's answers to each question of a training `dataset`, labelled against gold,
+    in memory: the practice method through the runner (`run_training` goes through the harness, with
+    a run folder). Questions without gold answers are skipped; a question whose practice fails is an
+    error naming it. `on_example` sees each example as it is made."""
     from tqdm import tqdm
 
+    from metarag.methods.runner import Runtime, run
+
     check_training_split(dataset, allow_any)
-    sizes = sorted(set(settings.evidence_sizes))
+    method = SimRAGPractice(settings.run_settings())
+    runtime = Runtime(llm, retriever)
     examples: list[PracticeExample] = []
-    decoding = Decoding(max_tokens=settings.max_tokens)
     for question in tqdm(dataset.questions, desc=f"self-practice {dataset.name}", unit="q", disable=not progress):
         if not question.answers:
             continue
-        hits = retriever.search(question.text, sizes[-1]) if retriever is not None and sizes[-1] > 0 else []
-        for n in sizes:
-            passages = format_passages(hits[:n])
-            completion = generate(llm, reasoner_prompt(question.text, passages), decoding)
-            answer, rationale = parse_answer_rationale(completion.text)
-            example = _labelled(dataset.name, question, passages, min(n, len(hits)), answer, rationale, settings)
+        trace = run(method, question, runtime)
+        if trace.error is not None:
+            raise DataError(f"self-practice failed on question {question.id}: {trace.error}", path=dataset.path)
+        for example in practice_examples(dataset.name, question, trace, settings):
             examples.append(example)
             if on_example is not None:
                 on_example(example)
+    return examples
+
+
+def practice_examples(dataset: str, question: Question, trace: Trace,
+                      settings: PracticeSettings = PracticeSettings()) -> list[PracticeExample]:
+    """The labelled examples of one self-practice trace (`SimRAGPractice`): each answer's Generate step,
+    read with the reasoner's parser, over the passages its `practice-evidence` step names (the top
+    ones of the trace's retrieval). A failed trace, or a question without gold answers, gives none."""
+    if trace.error is not None or not question.answers:
+        return []
+    hits: tuple = ()
+    shown = 0
+    examples = []
+    for step in trace.steps:
+        if isinstance(step, Retrieve):
+            hits = step.hits
+        elif isinstance(step, Decide) and step.name == PRACTICE_EVIDENCE:
+            shown = int(step.signals["passages"])
+        elif isinstance(step, Generate) and step.purpose == "answer":
+            answer, rationale = parse_answer_rationale(step.text)
+            examples.append(_labelled(dataset, question, format_passages(hits[:shown]), shown, answer, rationale,
+                                      settings))
     return examples
 
 
@@ -364,16 +389,22 @@ def run_training(datasets: Sequence[DatasetSpec], out_dir: str | Path, *, llm_sp
                  retriever: str = "bm25", practice: PracticeSettings = PracticeSettings(),
                  train: CriticTrainSettings = CriticTrainSettings(), allow_any: bool = False,
                  progress: bool = True, llm: LLM | None = None,
-                 encoder: TextEncoder | None = None) -> CriticReport:
+                 encoder: TextEncoder | None = None, runs_dir: str | Path | None = None) -> CriticReport:
     """`metarag train-critic`: self-practice on each training dataset, then train and save the critic.
 
     Every name and dataset is resolved and checked (training splits only) before any model loads.
-    The examples are appended to `out_dir/practice.jsonl` as they are made (train again from it
-    with `load_examples` + `train_critic`). `llm` / `encoder` replace the built ones (tests).
+    Self-practice is the method `sim-rag-practice` run by the evaluation harness: one run folder per
+    dataset under `runs_dir` (default `out_dir/practice-runs`), every prompt and answer in its traces,
+    and a re-run resumes where the last one stopped. The labelled examples are read from those
+    traces and written to `out_dir/practice.jsonl` (train again from it with `load_examples` +
+    `train_critic`); questions whose practice failed are left out and counted on stderr.
+    `llm` / `encoder` replace the built ones (tests).
     """
-    from metarag.evaluate.harness import load_questions
-    from metarag.llm.registry import LLMSpec, check_spec, make_llm
-    from metarag.pipeline import RETRIEVERS, open_retriever
+    import sys
+
+    from metarag.evaluate.harness import EvalConfig, evaluate, failure_summary, load_questions
+    from metarag.llm.registry import LLMSpec, check_spec
+    from metarag.pipeline import RETRIEVERS
 
     if not datasets:
         raise ConfigError("give at least one training dataset (--dataset PRESET or --dataset-file PATH)")
@@ -384,31 +415,39 @@ def run_training(datasets: Sequence[DatasetSpec], out_dir: str | Path, *, llm_sp
     loaded = [load_questions(spec) for spec in datasets]
     for dataset in loaded:
         check_training_split(dataset, allow_any)
-        if max(practice.evidence_sizes) > 0 and not dataset.passages:
+        if not dataset.passages:
             raise ConfigError(f"{dataset.name} has no passages to retrieve from: give it a corpus")
     import_joblib()  # fail on a missing `train` extra now, not after the self-practice
     encoder = encoder if encoder is not None else MiniLMFeatures()
-    llm = llm if llm is not None else make_llm(llm_spec)
 
     out = Path(out_dir).expanduser()
     out.mkdir(parents=True, exist_ok=True)
+    runs = Path(runs_dir).expanduser() if runs_dir is not None else out / "practice-runs"
+    run_settings = practice.run_settings()
+    overrides = {"evidence_sizes": run_settings.evidence_sizes, "max_tokens": run_settings.max_tokens}
     examples: list[PracticeExample] = []
-    with open(out / PRACTICE_FILE, "w", encoding="utf-8") as sink:
-        def keep(example: PracticeExample) -> None:
-            sink.write(json.dumps(dataclasses.asdict(example), ensure_ascii=False) + "\n")
-            sink.flush()
-
-        for dataset in loaded:
-            found = open_retriever(list(dataset.passages or ()), retriever) if max(practice.evidence_sizes) else None
-            examples += self_practice(dataset, llm, found, practice, allow_any=allow_any, progress=progress,
-                                      on_example=keep)
+    practice_runs: list[dict[str, Any]] = []
+    for spec, dataset in zip(datasets, loaded):
+        config = EvalConfig(method="sim-rag-practice", dataset=spec, llm=llm_spec, retriever=retriever,
+                            overrides=overrides, runs_dir=str(runs))
+        store, results = evaluate(config, progress=progress, llm=llm)
+        failed = failure_summary(results)
+        if failed:
+            print(f"self-practice on {dataset.name}: {failed}", file=sys.stderr)
+        questions = {q.id: q for q in dataset.questions}
+        for result in results:
+            examples += practice_examples(dataset.name, questions[result.question_id], result.trace, practice)
+        manifest = store.read_json("manifest.json")
+        practice_runs.append({"path": str(store.path), "model_identity": manifest.get("model_identity"),
+                              "model_sha256": manifest.get("model_sha256")})
+    save_examples(examples, out / PRACTICE_FILE)
     provenance = {
         "datasets": [{"name": d.name, "path": d.path, "sha256": d.sha256, "format": d.format,
                       "questions": len(d.questions), "limit": spec.limit, "sample_seed": spec.seed}
                      for d, spec in zip(loaded, datasets)],
-        "llm": {"identity": llm.identity, "sha256": getattr(llm, "model_sha256", None)},
+        "llm": {"identity": practice_runs[0]["model_identity"], "sha256": practice_runs[0]["model_sha256"]},
         "retriever": retriever,
         "practice": dataclasses.asdict(practice),
+        "practice_runs": practice_runs,
     }
     return train_critic(examples, out, encoder=encoder, settings=train, provenance=provenance)
-
