@@ -30,6 +30,11 @@ CORPUS = [
 ]
 
 
+def pytest_addoption(parser):
+    parser.addoption("--screenshot-dir", default=None,
+                     help="also save the viewer's browser-test screenshots here (tests/test_view_browser.py)")
+
+
 @pytest.fixture(autouse=True)
 def isolated_home(tmp_path, monkeypatch):
     """Every test writes caches and indexes under its own temporary METARAG_HOME, except the

@@ -112,6 +112,18 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--port", type=port_number, default=8000, help="port, 0..65535 (0: a free one; default: 8000)")
     srv.set_defaults(handler=cmd_serve_retriever)
 
+    vw = sub.add_parser("view", help="a local web page over run folders (question by question, traces, pictures)",
+                        description="Serve a read-only page over run folders: the report table and each run's "
+                                    "manifest, every question with each run's answer and cost (filters, sorting, "
+                                    "paired wins and losses), and each trace step by step with pictures. Bound to "
+                                    "127.0.0.1 unless --host says otherwise; nothing is fetched from the internet.")
+    vw.add_argument("runs", nargs="+", metavar="RUN",
+                    help="run folders (runs/<run-id>); a folder of run folders (runs/) stands for every run in it")
+    vw.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1; 0.0.0.0: every "
+                    "interface)")
+    vw.add_argument("--port", type=port_number, default=8100, help="port, 0..65535 (0: a free one; default: 8100)")
+    vw.set_defaults(handler=cmd_view)
+
     tc = sub.add_parser("train-critic", help="train SIM-RAG's lightweight critic by self-practice",
                         description="Run the SIM-RAG reasoner on training questions with varying evidence, "
                                     "label each answer correct or not against gold, train a logistic-regression "
@@ -382,6 +394,24 @@ def cmd_serve_retriever(args: argparse.Namespace) -> int:
     serve(retriever, args.host, args.port, on_listening=lambda url: print(
         f"serving {args.retriever} over {args.index} on {url} (POST /retrieve, GET /health)", file=sys.stderr,
         flush=True))
+    return 0
+
+
+def cmd_view(args: argparse.Namespace) -> int:
+    from metarag.retrieve.service import check_address
+    from metarag.view.server import serve
+
+    check_address(args.host, args.port)
+
+    def listening(url: str, viewer) -> None:
+        for view in viewer.views:
+            state = view.error or f"{len(view.results)} of {len(view.run.question_ids)} questions finished" + (
+                f", {len(view.problems)} problem(s) shown on the page" if view.problems else "")
+            print(f"  {view.path}: {state}", file=sys.stderr)
+        print(f"metarag view: serving {len(viewer.views)} run folder(s) on {url} (Ctrl-C stops)", file=sys.stderr,
+              flush=True)
+
+    serve(args.runs, args.host, args.port, on_listening=listening)
     return 0
 
 

@@ -1,0 +1,381 @@
+"""The viewer's reading of run folders: the report table (`evaluate/report.py`'s own code), the newest
+result of each question, one trace's raw JSON when it is opened, and every problem with the files,
+said on the page rather than raised.
+
+Result lines are parsed as `RunStore.load_attempts` parses them (`from_plain(QuestionResult, ...)`; the
+newest line of a question counts). Where `metarag report` refuses a whole run (a torn or corrupt line,
+a step kind this metarag does not know) the viewer skips the bad line, or keeps the unknown step as
+raw JSON with its usage counted, and lists the problem. Nothing here writes to a run folder.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+from metarag.errors import MetaRAGError
+from metarag.evaluate.report import LoadedRun, report_table
+from metarag.evaluate.runs import QuestionResult, RunStore
+from metarag.records import STEP_TYPES, Decide, Step, Usage, from_plain
+
+_PARSE_ERRORS = (TypeError, KeyError, ValueError, AttributeError, IndexError)
+
+
+@dataclass(frozen=True)
+class UnknownStep(Step):
+    """A trace step this metarag cannot read (an unknown kind, or fields that do not fit its kind),
+    kept as raw JSON so that the page can show it and its usage still counts in the run's cost."""
+
+    kind: ClassVar[str] = "unknown"
+    raw: Any = None
+    note: str = ""
+
+
+def read_step(raw: Any) -> tuple[Step, str | None]:
+    """A step of a trace's JSON as its record, or as an UnknownStep with a note saying why."""
+    if not isinstance(raw, dict):
+        return UnknownStep(usage=Usage(), raw=raw, note="a step that is not a JSON object"), \
+            "a step that is not a JSON object"
+    kind = raw.get("kind")
+    if kind not in STEP_TYPES:
+        note = f"unknown step kind {kind!r} (written by another version of metarag?)"
+    else:
+        try:
+            return from_plain(Step, raw), None
+        except _PARSE_ERRORS as exc:
+            note = f"a {kind!r} step whose fields this metarag cannot read ({type(exc).__name__}: {exc})"
+    return UnknownStep(usage=_usage(raw.get("usage")), raw=raw, note=note), note
+
+
+def _usage(raw: Any) -> Usage:
+    names = {f.name for f in dataclasses.fields(Usage)}
+    if not isinstance(raw, dict):
+        return Usage()
+    values = {k: v for k, v in raw.items() if k in names and isinstance(v, (int, float)) and not isinstance(v, bool)}
+    return Usage(**values)
+
+
+def parse_result(obj: Any) -> tuple[QuestionResult, list[str]]:
+    """One results.jsonl record, and a note per step that could not be read (none for a clean line).
+    ValueError when the line is no result record at all."""
+    try:
+        return from_plain(QuestionResult, obj), []
+    except _PARSE_ERRORS as exc:
+        first = f"{type(exc).__name__}: {exc}"
+    if not isinstance(obj, dict) or not isinstance(obj.get("trace"), dict):
+        raise ValueError(first)
+    trace = obj["trace"]
+    raw_steps = trace.get("steps") or []
+    if not isinstance(raw_steps, list):
+        raise ValueError("its trace's steps are not a list")
+    steps, notes = [], []
+    for number, raw in enumerate(raw_steps, 1):
+        step, note = read_step(raw)
+        steps.append(step)
+        if note:
+            notes.append(f"step {number}: {note}")
+    try:
+        result = from_plain(QuestionResult, {**obj, "trace": {**trace, "steps": []}})
+    except _PARSE_ERRORS as exc:
+        raise ValueError(f"{type(exc).__name__}: {exc}") from None
+    trace_record = dataclasses.replace(result.trace, steps=tuple(steps))
+    return dataclasses.replace(result, trace=trace_record), notes
+
+
+def read_results(path: Path) -> tuple[dict[str, QuestionResult], dict[str, tuple[int, int]], list[dict]]:
+    """The newest readable result of each question, the byte span of its line in the file (to read
+    its trace again when it is opened), and the problems found, each {line, question_id, message}."""
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return {}, {}, []
+    newest: dict[str, QuestionResult] = {}
+    spans: dict[str, tuple[int, int]] = {}
+    problems: list[dict] = []
+    start = number = 0
+    while start < len(raw):
+        end = raw.find(b"\n", start)
+        number += 1
+        if end < 0:
+            problems.append(_problem(number, None, f"results.jsonl line {number} is torn (cut short, no newline: "
+                                                   "the run was killed mid-write or is being written); skipped"))
+            break
+        line, span, start = raw[start:end], (start, end), end + 1
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except ValueError as exc:
+            problems.append(_problem(number, None, f"results.jsonl line {number} is torn or corrupt (not JSON: "
+                                                   f"{exc}); skipped"))
+            continue
+        try:
+            result, notes = parse_result(obj)
+        except ValueError as exc:
+            problems.append(_problem(number, None, f"results.jsonl line {number} is not a result record ({exc}); "
+                                                   "skipped"))
+            continue
+        for note in notes:
+            problems.append(_problem(number, result.question_id,
+                                     f"question {result.question_id} (line {number}), {note}: shown as raw JSON"))
+        newest[result.question_id] = result
+        spans[result.question_id] = span
+    return newest, spans, problems
+
+
+def _problem(line: int | None, question_id: str | None, message: str) -> dict:
+    return {"line": line, "question_id": question_id, "message": message}
+
+
+# ------------------------------------------------------------------------------- one question
+def search_flags(result: QuestionResult) -> tuple[bool | None, bool | None]:
+    """(over-searched, under-searched) for a method that decides when to search (its trace has
+    Decide steps); (None, None) for one that does not.
+
+    With EvoCtx's oracle margins recorded, as `evoctx_analysis.oracle_agreement` counts them: over
+    when a decision's margin said RETRIEVE (> 0) where the oracle's said THINK, under the reverse.
+    Otherwise from the supporting passages: over when it searched again although the first round
+    already held every supporting passage; under when it answered wrong without having them all."""
+    decisions = [s for s in result.trace.steps if isinstance(s, Decide)]
+    if not decisions:
+        return None, None
+    pairs = [(d.signals["margin"], d.signals["oracle_margin"]) for d in decisions
+             if "margin" in d.signals and "oracle_margin" in d.signals]
+    if pairs:
+        return any(m > 0 >= o for m, o in pairs), any(o > 0 >= m for m, o in pairs)
+    over = len(result.trace.retrieval_rounds()) > 1 and result.first_support_recall == 1.0
+    under = (not result.failed and result.scores.em == 0 and result.support_recall is not None
+             and result.support_recall < 1.0)
+    return over, under
+
+
+def question_cell(result: QuestionResult) -> dict:
+    """What the question list shows of one run's result for one question."""
+    usage = result.trace.usage
+    over, under = search_flags(result)
+    return {"answer": result.prediction, "em": result.scores.em, "f1": result.scores.f1,
+            "failed": result.failed, "retryable": result.retryable,
+            "error": _one_line(result.error) if result.error else None,
+            "requests": usage.llm_requests, "tokens": usage.total_tokens, "latency": usage.latency_s,
+            "retrievals": usage.retrieval_calls, "steps": len(result.trace.steps),
+            "over_search": over, "under_search": under,
+            "unreadable_steps": sum(isinstance(s, UnknownStep) for s in result.trace.steps)}
+
+
+def _one_line(text: str, limit: int = 300) -> str:
+    line = text.strip().splitlines()[0] if text.strip() else text
+    return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
+# ------------------------------------------------------------------------------------ datasets
+@dataclass(frozen=True)
+class DatasetInfo:
+    """What a run folder does not keep of its questions: type, hops and supporting passages, read
+    from the dataset the run names; `note` says why they are missing when they are."""
+
+    types: dict[str, str | None] = field(default_factory=dict)
+    hops: dict[str, int | None] = field(default_factory=dict)
+    supporting: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    note: str | None = None
+
+
+_DATASETS: dict[str, DatasetInfo] = {}
+_DATASETS_LOCK = threading.Lock()
+
+
+def dataset_info(settings: dict) -> DatasetInfo:
+    """The question types and supporting passages of the dataset a run's settings name (cached)."""
+    spec = settings.get("dataset") if isinstance(settings.get("dataset"), dict) else {}
+    key = json.dumps({k: spec.get(k) for k in ("preset", "file", "format", "corpus")}, sort_keys=True)
+    with _DATASETS_LOCK:
+        if key not in _DATASETS:
+            _DATASETS[key] = _load_dataset_info(spec)
+        return _DATASETS[key]
+
+
+def _load_dataset_info(spec: dict) -> DatasetInfo:
+    from metarag.data.datasets import load_dataset, resolve_preset
+
+    try:
+        if spec.get("preset"):
+            dataset = resolve_preset(spec["preset"], allow_unanswerable=bool(spec.get("allow_unanswerable")))
+        elif spec.get("file"):
+            dataset = load_dataset(spec["file"], spec.get("format"), corpus=spec.get("corpus"),
+                                   allow_unanswerable=bool(spec.get("allow_unanswerable")))
+        else:
+            return DatasetInfo(note="the run's settings name no dataset: no question types or supporting flags")
+    except (MetaRAGError, OSError, ValueError) as exc:
+        return DatasetInfo(note=f"the run's dataset cannot be read ({_one_line(str(exc))}): no question types or "
+                                "supporting flags")
+    note = None
+    if spec.get("sha256") and dataset.sha256 != spec["sha256"]:
+        note = "the dataset changed since the run (its sha256 differs): types and supporting flags may not match"
+    questions = dataset.questions
+    return DatasetInfo({q.id: q.type for q in questions}, {q.id: q.hops for q in questions},
+                       {q.id: tuple(q.supporting_ids) for q in questions}, note)
+
+
+# ------------------------------------------------------------------------------------- one run
+class RunView:
+    """One folder named on the command line as the page shows it: its LoadedRun (for the report
+    code), the newest result per question, and its problems. `refresh` rereads it when its files
+    changed, so a run being written can be watched; a folder that is no run has `error` set."""
+
+    FILES = ("settings.json", "questions.json", "manifest.json", "results.jsonl")
+
+    def __init__(self, path: str | Path, name: str | None = None):
+        self.path = Path(path)
+        self.name = name or self.path.name or str(self.path)
+        self.error: str | None = None
+        self.problems: list[dict] = []
+        self.run: LoadedRun | None = None
+        self.results: dict[str, QuestionResult] = {}
+        self.cells: dict[str, dict] = {}
+        self._spans: dict[str, tuple[int, int]] = {}
+        self._stamp: tuple | None = None
+        self._lock = threading.Lock()
+        self.refresh()
+
+    @property
+    def store(self) -> RunStore:
+        return RunStore(self.path)
+
+    def stamp(self) -> tuple:
+        out = []
+        for name in self.FILES:
+            try:
+                st = (self.path / name).stat()
+                out.append((st.st_size, st.st_mtime_ns))
+            except OSError:
+                out.append(None)
+        return tuple(out)
+
+    def refresh(self) -> bool:
+        """Reread the folder if any of its files changed since the last read; True if it did."""
+        with self._lock:
+            stamp = self.stamp()
+            if stamp == self._stamp:
+                return False
+            self._stamp = stamp
+            self._load()
+            return True
+
+    def _load(self) -> None:
+        self.error, self.problems, self.run, self.results, self.cells, self._spans = None, [], None, {}, {}, {}
+        if not self.path.exists():
+            self.error = f"{self.path}: no such folder"
+            return
+        if not self.path.is_dir():
+            self.error = f"{self.path}: not a folder (give a run folder, runs/<run-id>)"
+            return
+        store = self.store
+        if not store.settings_path.is_file():
+            self.error = (f"{self.path}: not a metarag run folder (it has no settings.json, which metarag eval "
+                          "writes into runs/<run-id>)")
+            return
+        try:
+            settings = store.read_json("settings.json")
+            ids = store.read_json("questions.json")
+            manifest = store.read_json("manifest.json") if store.manifest_path.exists() else {}
+        except MetaRAGError as exc:
+            self.error = str(exc)
+            return
+        if not isinstance(settings, dict) or not isinstance(ids, list) or not isinstance(manifest, dict):
+            self.error = f"{self.path}: settings.json, questions.json or manifest.json is not what metarag eval writes"
+            return
+        if not store.manifest_path.exists():
+            self.problems.append(_problem(None, None, "no manifest.json: model and dataset hashes unknown"))
+        newest, spans, problems = read_results(store.results_path)
+        self.problems += problems
+        if not store.results_path.exists():
+            self.problems.append(_problem(None, None, "no results.jsonl yet: no question has finished"))
+        ids = [str(i) for i in ids]
+        known = set(ids)
+        strays = [q for q in newest if q not in known]
+        if strays:
+            self.problems.append(_problem(None, None, f"{len(strays)} results for questions not in questions.json "
+                                                      f"(first: {strays[0]}); left out"))
+        self.results = {q: newest[q] for q in ids if q in newest}
+        self._spans = spans
+        self.cells = {q: question_cell(r) for q, r in self.results.items()}
+        self.run = LoadedRun(self.name, self.path, settings, manifest, tuple(ids), tuple(self.results.values()))
+
+    def raw_trace(self, question_id: str) -> tuple[dict | None, str | None]:
+        """The newest result line of a question as raw JSON, read again from the file (only now that
+        it is opened), or None and why not."""
+        span = self._spans.get(question_id)
+        if span is None:
+            return None, f"{self.name} has no result for question {question_id}"
+        start, end = span
+        try:
+            with open(self.store.results_path, "rb") as f:
+                f.seek(start)
+                line = f.read(end - start)
+            obj = json.loads(line)
+        except (OSError, ValueError) as exc:
+            return None, f"{self.store.results_path}: cannot read the line of question {question_id} again ({exc})"
+        if not isinstance(obj, dict) or obj.get("question_id") != question_id:
+            return None, f"{self.store.results_path} changed under the viewer; reload the page"
+        return obj, None
+
+    def dataset(self) -> DatasetInfo:
+        return dataset_info(self.run.settings) if self.run is not None else DatasetInfo()
+
+
+def expand_paths(paths: Sequence[str | Path]) -> list[Path]:
+    """The run folders named: a folder that is no run but holds run folders (runs/) stands for them."""
+    out: list[Path] = []
+    for path in map(Path, paths):
+        if path.is_dir() and not (path / "settings.json").exists():
+            children = sorted(p for p in path.iterdir() if p.is_dir() and (p / "settings.json").is_file())
+            if children:
+                out += children
+                continue
+        out.append(path)
+    return out
+
+
+# --------------------------------------------------------------------------------- runs table
+def runs_table(views: Sequence[RunView]) -> dict:
+    """The report table of the runs that have results, exactly as `metarag report` prints it (the
+    same `report_table` call; its markdown split into cells), the rows behind it, and notes."""
+    ready = [v for v in views if v.run is not None and v.run.results]
+    notes = [f"{v.name}: no finished question yet, so no row" for v in views if v.run is not None
+             and not v.run.results]
+    if not ready:
+        return {"columns": [], "rows": [], "cells": [], "runs": [], "notes": notes, "markdown": ""}
+    runs = [v.run for v in ready]
+    baseline: int | None = 0 if len(runs) > 1 else None
+    try:
+        markdown, rows = report_table(runs, baseline=baseline)
+    except MetaRAGError as exc:
+        if baseline is None:
+            raise
+        notes.append(f"no significance against {runs[0].name}: {exc}")
+        markdown, rows = report_table(runs, baseline=None)
+    lines = markdown.splitlines()
+    columns = _cells(lines[0])
+    cells = [_cells(line) for line in lines[2:2 + len(rows)]]
+    notes += [line for line in lines[2 + len(rows):] if line.strip()]
+    return {"columns": columns, "cells": cells, "rows": [clean_json(r) for r in rows],
+            "runs": [views.index(v) for v in ready], "notes": notes, "markdown": markdown}
+
+
+def _cells(line: str) -> list[str]:
+    return [c.strip() for c in line.strip().strip("|").split(" | ")]
+
+
+def clean_json(value: Any) -> Any:
+    """A value safe for strict JSON: NaN and infinities become None (a p-value of a constant metric)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {str(k): clean_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [clean_json(v) for v in value]
+    return value
