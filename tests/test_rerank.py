@@ -322,8 +322,8 @@ def test_llm_judge_on_the_embedded_model_prefers_the_relevant_passage(corpus):
     llm = LlamaCppLLM(LlamaCppSettings(embedded="qwen2.5-coder-0.5b-instruct", n_ctx=1024))
     by_id = {p.id: p for p in corpus}
     hits = [Hit(by_id[i], 1.0, "bm25") for i in ("p4", "p5", "p2")]  # the relevant one last
-    reranked, _ = rerank(LLMJudgeReranker(), llm, "In which city was Gustave Eiffel born?", hits, 3)
+    reranked, trace = rerank(LLMJudgeReranker(), llm, "In which city was Gustave Eiffel born?", hits, 3)
     assert ids(reranked.hits)[0] == "p2"
     assert reranked.hits[0].score > reranked.hits[-1].score
     # the candidates share the instruction-and-question prefix, which llama.cpp does not recompute
-    assert reranked.usage.cached_tokens > 0
+    assert trace.usage.cached_tokens > 0 and len(trace.of_kind(Score)) == 3
