@@ -21,6 +21,7 @@ The rules, the same in every back-end (`tests/test_llm_contract.py` checks them 
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
@@ -274,8 +275,9 @@ def label_plan(labels: Sequence[str], tokenize: Callable[[str], Sequence[int]]) 
     P(token | prompt, the tokens before it): teacher-forced whole-label probability, summed over
     variants (distinct token sequences, none a prefix of another, are disjoint continuations, so
     the sum is a probability; a variant whose sequence extends another of the same label is already
-    counted by it and dropped). A label set where a sequence of one label equals or starts another
-    label's sequence is refused: such labels cannot be told apart (ConfigError naming both)."""
+    counted by it and dropped; a path below PRUNE_LOGPROB counts 0). A label set where a sequence
+    of one label equals or starts another label's sequence is refused: such labels cannot be told
+    apart (ConfigError naming both)."""
     if len(set(labels)) != len(labels) or not labels:
         raise ConfigError(f"labels must be distinct and at least one, got {tuple(labels)!r}")
     plans: list[tuple[tuple[int, ...], ...]] = []
@@ -305,15 +307,34 @@ def label_plan(labels: Sequence[str], tokenize: Callable[[str], Sequence[int]]) 
     return plans
 
 
+# A label-token path whose probability falls below this is counted as 0 and not followed further:
+# it cannot matter beside LabelScores.MIN_MASS, and it saves a model call per pruned token.
+PRUNE_LOGPROB = math.log(1e-9)
+
+
 def label_probs(plans: Sequence[Sequence[tuple[int, ...]]],
-                logprob_of: Callable[[tuple[int, ...], int], float]) -> tuple[float, ...]:
-    """Each label's probability from `logprob_of(prefix, token)`, the log-probability of `token`
-    after the prompt followed by `prefix` (the label tokens before it)."""
+                next_logprobs: Callable[[tuple[int, ...]], np.ndarray]) -> tuple[float, ...]:
+    """Each label's probability; `next_logprobs(prefix)` is the next-token log-distribution after
+    the prompt followed by `prefix` (label tokens), asked at most once per prefix, parents before
+    children, and never below a path already under PRUNE_LOGPROB."""
+    seen: dict[tuple[int, ...], np.ndarray] = {}
+
+    def dist(prefix: tuple[int, ...]) -> np.ndarray:
+        if prefix not in seen:
+            seen[prefix] = next_logprobs(prefix)
+        return seen[prefix]
+
     probs = []
     for seqs in plans:
         total = 0.0
         for seq in seqs:
-            total += float(np.exp(sum(logprob_of(seq[:i], seq[i]) for i in range(len(seq)))))
+            logprob = 0.0
+            for i in range(len(seq)):
+                logprob += float(dist(seq[:i])[seq[i]])
+                if logprob < PRUNE_LOGPROB:
+                    break
+            else:
+                total += math.exp(logprob)
         probs.append(min(total, 1.0))
     return tuple(probs)
 

@@ -206,7 +206,7 @@ class HFLLM:
         out = []
         for i, row in enumerate(rows):
             dists = {prefix: last[i * len(prefixes) + j] for j, prefix in enumerate(prefixes)}
-            probs = label_probs(plans, lambda prefix, token, d=dists: float(d[prefix][token]))
+            probs = label_probs(plans, dists.__getitem__)
             out.append(LabelScores(tuple(labels), probs, Usage(prompt_tokens=len(row), latency_s=share,
                                                                llm_requests=1)))
         return out

@@ -29,7 +29,6 @@ from metarag.llm.base import (
     entropy_of,
     is_raw,
     label_plan,
-    label_prefixes,
     label_probs,
     log_softmax,
     render_continuing,
@@ -111,13 +110,19 @@ class LlamaCppLLM:
         start = time.perf_counter()
         with self._lock:
             cached = self._evaluate(tokens)
-            dists = {(): self._logprobs()}
-            for prefix in label_prefixes(plans):
-                if prefix not in dists:
-                    self._llm.n_tokens = len(tokens)  # back to the prompt, then the label tokens
-                    self._llm.eval(list(prefix))
-                    dists[prefix] = self._logprobs()
-        probs = label_probs(plans, lambda prefix, token: float(dists[prefix][token]))
+            root = self._logprobs()
+            state = {"after": ()}  # the label tokens in the context after the prompt
+
+            def next_logprobs(prefix: tuple[int, ...]) -> np.ndarray:
+                if not prefix:
+                    return root
+                keep = min(_common_prefix(state["after"], prefix), len(prefix) - 1)
+                self._llm.n_tokens = len(tokens) + keep  # back to the shared part, then the new tokens
+                self._llm.eval(list(prefix[keep:]))
+                state["after"] = prefix
+                return self._logprobs()
+
+            probs = label_probs(plans, next_logprobs)
         usage = Usage(prompt_tokens=len(tokens), cached_tokens=cached,
                       latency_s=time.perf_counter() - start, llm_requests=1)
         return LabelScores(tuple(labels), probs, usage)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from metarag.errors import BackendError, ConfigError, MissingDependency
 from metarag.llm.base import (
+    PRUNE_LOGPROB,
     Decoding,
     Prompt,
     TokenIds,
@@ -155,18 +156,18 @@ class OpenAICompatLLM:
                 tops[piece] = dict(completion.tokens[0].top) if completion.tokens else {}
             return tops[piece]
 
-        def prob(done: str, rest: str) -> float:
+        def prob(done: str, rest: str, logprob: float) -> float:
             total = 0.0
             for tok, lp in top_after(done).items():
-                if not tok or not rest.startswith(tok):
+                if not tok or not rest.startswith(tok) or logprob + lp < PRUNE_LOGPROB:
                     continue
                 if tok == rest:
-                    total += math.exp(lp)
+                    total += math.exp(logprob + lp)
                 elif text is not None:
-                    total += math.exp(lp) * prob(done + tok, rest[len(tok):])
+                    total += prob(done + tok, rest[len(tok):], logprob + lp)
             return total
 
-        probs = tuple(min(1.0, sum(prob("", v) for v in vs)) for vs in variants)
+        probs = tuple(min(1.0, sum(prob("", v, 0.0) for v in vs)) for vs in variants)
         return LabelScores(tuple(labels), probs, usage)
 
     def _completion(self, choice, text: str, response, latency: float, tokens, decoding: Decoding,
