@@ -40,4 +40,4 @@ def test_train_critic_refuses_an_evaluation_split(capsys, tmp_path):
     assert main(["train-critic", "--dataset", "hotpotqa-dev500", "--out", str(tmp_path / "c")]) == 1
     err = capsys.readouterr().err
     assert err.startswith("metarag: error:") and "train" in err
-    assert not (tmp_path / "c" / "critic.joblib").exists()
+    assert not (tmp_path / "c" / "critic.npz").exists()

@@ -361,6 +361,86 @@ def test_critic_trains_saves_loads_and_judges(tmp_path, corpus):
 
 
 @needs_sklearn
+@pytest.mark.parametrize("kind", ["logreg", "mlp"])
+def test_a_saved_critic_is_plain_arrays_that_match_the_trained_classifier(tmp_path, kind):
+    from metarag.judges.critic import MODEL_FILE, ArrayClassifier
+    from metarag.train.critic import CriticTrainSettings, _classifier, save_classifier
+
+    examples = separable_examples(10)
+    features = HashingEncoder().encode([e.text() for e in examples])
+    labels = np.array([int(e.correct) for e in examples])
+    fitted = _classifier(CriticTrainSettings(classifier=kind, hidden=8)).fit(features, labels)
+    model = save_classifier(fitted, tmp_path / MODEL_FILE)
+    with np.load(tmp_path / MODEL_FILE, allow_pickle=False) as arrays:  # would raise on any pickled array
+        assert all(arrays[name].dtype != object for name in arrays.files)
+    loaded = ArrayClassifier.load(tmp_path / MODEL_FILE, model)
+    assert np.allclose(loaded.predict_proba(features), fitted.predict_proba(features), atol=1e-9)
+    assert list(loaded.classes_) == list(fitted.classes_)
+
+
+class _CreatesAFile:
+    """A pickle payload: unpickling it opens (so creates) the marker file, as `os.system` could run anything."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return open, (self.marker, "w")
+
+
+def _critic_folder(folder, fmt):
+    folder.mkdir()
+    manifest = {"format": fmt, "critic_text_version": 1, "positive_index": 1, "model": {"activation": "identity"},
+                "encoder": {"path": "test:hashing-bag-of-words", "sha256": "fake-hashing-encoder-1"}}
+    (folder / MANIFEST_FILE).write_text(json.dumps(manifest))
+    return folder
+
+
+def test_a_pickled_critic_folder_never_runs_code(tmp_path):
+    import pickle
+
+    marker = tmp_path / "pwned"
+    shared = _critic_folder(tmp_path / "shared-critic", 1)
+    (shared / "critic.joblib").write_bytes(pickle.dumps(_CreatesAFile(marker)))  # a format-1 critic, crafted
+    for opening in (lambda: load_critic(shared, encoder=HashingEncoder()),
+                    lambda: build_critic(SimRAGSettings(critic=str(shared)))):
+        with pytest.raises(ConfigError, match="pickled critic.*retrain it with `metarag train-critic`") as err:
+            opening()
+        assert "\n" not in str(err.value)
+    assert not marker.exists()
+
+    # the same payload named as the array file, or hidden as an object array inside a real .npz
+    from metarag.errors import DataError
+
+    renamed = _critic_folder(tmp_path / "renamed", 2)
+    (renamed / "critic.npz").write_bytes(pickle.dumps(_CreatesAFile(marker)))
+    inside = _critic_folder(tmp_path / "inside", 2)
+    np.savez(inside / "critic.npz", W0=np.array([_CreatesAFile(marker)], dtype=object), b0=np.zeros(1),
+             classes=np.array([0, 1]))
+    for folder in (renamed, inside):
+        with pytest.raises(DataError, match="not a critic weight file") as err:
+            load_critic(folder, encoder=HashingEncoder())
+        assert "\n" not in str(err.value)
+    assert not marker.exists()
+
+
+@needs_sklearn
+def test_a_trusted_pickled_critic_converts_to_arrays(tmp_path):
+    joblib = pytest.importorskip("joblib")
+    from metarag.train.critic import CriticTrainSettings, _classifier, convert_trusted_pickle
+
+    examples = separable_examples(10)
+    features = HashingEncoder().encode([e.text() for e in examples])
+    fitted = _classifier(CriticTrainSettings()).fit(features, np.array([int(e.correct) for e in examples]))
+    old = _critic_folder(tmp_path / "old", 1)
+    joblib.dump(fitted, old / "critic.joblib")
+    convert_trusted_pickle(old)
+    assert not (old / "critic.joblib").exists()
+    critic = load_critic(old, encoder=HashingEncoder())
+    assert np.allclose(critic.probability([e.text() for e in examples]), fitted.predict_proba(features)[:, 1])
+
+
+@needs_sklearn
 def test_a_critic_is_refused_with_another_encoder(tmp_path):
     from metarag.train.critic import train_critic
 

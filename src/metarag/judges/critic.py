@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from metarag.errors import ConfigError, DataError, MissingDependency
+from metarag.errors import ConfigError, DataError
 from metarag.judges.base import Verdict
 from metarag.methods.actions import Action, Probe
 from metarag.methods.evidence import evidence_prompt
@@ -39,10 +39,14 @@ CRITIC_TASK = ("Question: {question}\nProposed answer: {answer}\nRationale: {rat
                "Based on the passages and the rationale, should this answer to the question be accepted? "
                "Reply {accept} to accept it or {reject} to reject it.")
 
-# What the files of a trained critic folder are called, and the version of their layout.
-MODEL_FILE = "critic.joblib"
+# What the files of a trained critic folder are called, and the version of their layout. Format 2
+# keeps the classifier's weights as plain arrays (.npz, read with allow_pickle=False) beside the JSON
+# manifest: opening a shared critic folder can never run code. Format 1 was a pickle (critic.joblib).
+MODEL_FILE = "critic.npz"
 MANIFEST_FILE = "manifest.json"
-CRITIC_FORMAT = 1
+CRITIC_FORMAT = 2
+PICKLED_MODEL_FILE = "critic.joblib"
+ACTIVATIONS = ("identity", "logistic", "tanh", "relu")
 # Bump when `critic_text` changes: a critic trained on the old text is refused, not misread.
 CRITIC_TEXT_VERSION = 1
 
@@ -127,6 +131,11 @@ def read_manifest(path: str | Path) -> dict[str, Any]:
     """The manifest of the trained critic in folder `path`, checked for format and text version."""
     folder = Path(path).expanduser()
     file = folder / MANIFEST_FILE
+    if folder.is_dir() and (folder / PICKLED_MODEL_FILE).is_file() and not (folder / MODEL_FILE).is_file():
+        raise ConfigError(f"{str(folder)!r} holds a pickled critic ({PICKLED_MODEL_FILE}, format 1), which could run "
+                          f"code when opened, so metarag does not open it: retrain it with `metarag train-critic`, "
+                          f"or convert one you made yourself with `python -m metarag.train.critic "
+                          f"--convert-trusted-pickle {folder}`")
     if not folder.is_dir() or not file.is_file() or not (folder / MODEL_FILE).is_file():
         raise ConfigError(f"{str(folder)!r} is not a trained critic folder (it needs {MODEL_FILE} and "
                           f"{MANIFEST_FILE}; make one with `metarag train-critic`)")
@@ -140,7 +149,7 @@ def read_manifest(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"the critic in {folder} was trained on critic text version "
                           f"{manifest.get('critic_text_version')}, this metarag writes version "
                           f"{CRITIC_TEXT_VERSION}: retrain it with `metarag train-critic`")
-    for key in ("encoder", "positive_index"):
+    for key in ("encoder", "positive_index", "model"):
         if key not in manifest:
             raise DataError("critic manifest lacks its field", path=str(file), field=key)
     return manifest
@@ -158,24 +167,64 @@ def check_encoder(manifest: Mapping[str, Any], encoder: TextEncoder, where: str)
             "use the encoder it was trained with, or retrain it with `metarag train-critic`")
 
 
-def import_joblib():
-    """joblib, which saves and loads the classifier; named for the `train` extra when missing."""
-    try:
-        import joblib
-        import sklearn  # noqa: F401  (unpickling the classifier needs it; fail here with the extra's name)
-    except ModuleNotFoundError as exc:
-        if exc.name not in ("joblib", "sklearn"):
-            raise
-        raise MissingDependency("scikit-learn", "train") from None
-    return joblib
+class ArrayClassifier:
+    """A trained binary classifier as plain arrays: logistic regression (one layer) or an MLP (hidden
+    layers with `activation`, then a logistic output), evaluated with numpy alone. `layers` holds
+    (weights, bias) pairs, weights of shape (inputs, outputs); column 1 of `predict_proba` is the
+    class `classes[1]`, as scikit-learn orders them."""
+
+    def __init__(self, layers: Sequence[tuple[np.ndarray, np.ndarray]], activation: str, classes: np.ndarray):
+        self.layers = [(np.asarray(w, dtype=np.float64), np.asarray(b, dtype=np.float64)) for w, b in layers]
+        self.activation = activation
+        self.classes_ = np.asarray(classes)
+
+    def predict_proba(self, features: np.ndarray) -> np.ndarray:
+        x = np.asarray(features, dtype=np.float64)
+        if x.ndim != 2 or x.shape[1] != self.layers[0][0].shape[0]:
+            raise DataError(f"the critic expects {self.layers[0][0].shape[0]} features per text, the encoder "
+                            f"gives {x.shape[1] if x.ndim == 2 else x.shape}")
+        for i, (w, b) in enumerate(self.layers):
+            x = x @ w + b
+            if i < len(self.layers) - 1:
+                x = _ACTIVATE[self.activation](x)
+        p = 1.0 / (1.0 + np.exp(-np.clip(x[:, 0], -500, 500)))
+        return np.stack([1.0 - p, p], axis=1)
+
+    @classmethod
+    def load(cls, file: Path, model: Mapping[str, Any]) -> ArrayClassifier:
+        """Read the arrays of `file` (never a pickle: np.load with allow_pickle=False) as the manifest's
+        `model` entry describes them; DataError naming the file when they do not fit."""
+        activation = model.get("activation", "identity") if isinstance(model, Mapping) else None
+        if activation not in ACTIVATIONS:
+            raise DataError(f"unknown activation {activation!r} in the critic manifest", path=str(file))
+        try:
+            with np.load(file, allow_pickle=False) as arrays:
+                n_layers = sum(1 for name in arrays.files if name.startswith("W"))
+                layers = [(arrays[f"W{i}"], arrays[f"b{i}"]) for i in range(n_layers)]
+                classes = arrays["classes"]
+        except (ValueError, KeyError, OSError, EOFError) as exc:
+            raise DataError(f"not a critic weight file (.npz of plain arrays): {str(exc).splitlines()[0]}",
+                            path=str(file)) from None
+        shapes_fit = n_layers > 0 and all(w.ndim == 2 and b.ndim == 1 and w.shape[1] == b.shape[0]
+                                          and w.dtype.kind == "f" and b.dtype.kind == "f" for w, b in layers)
+        shapes_fit = shapes_fit and all(layers[i][0].shape[1] == layers[i + 1][0].shape[0] for i in range(n_layers - 1))
+        if not shapes_fit or layers[-1][0].shape[1] != 1 or classes.shape != (2,):
+            raise DataError("critic weights do not form a binary classifier (W0, b0, ... W_last of one output, "
+                            "two classes)", path=str(file))
+        return cls(layers, activation, classes)
+
+
+_ACTIVATE = {"identity": lambda x: x, "logistic": lambda x: 1.0 / (1.0 + np.exp(-np.clip(x, -500, 500))),
+             "tanh": np.tanh, "relu": lambda x: np.maximum(x, 0.0)}
 
 
 class TrainedCritic:
     """A critic trained by `metarag.train.critic.train_critic`: P(accept) is the classifier's
     probability that the answer is correct, from the encoder features of `critic_text`.
 
-    The folder holds `critic.joblib` (a pickled scikit-learn model: load only critics you made or
-    trust) and `manifest.json`. Opening it checks the manifest and the encoder's weight sha256
+    The folder holds `critic.npz` (the classifier's weights as plain arrays, read without pickle,
+    so a shared folder cannot run code; a format-1 `critic.joblib` pickle is refused) and
+    `manifest.json`. Opening it checks the manifest and the encoder's weight sha256
     against the one it was trained with (ConfigError naming both if they differ), before any model
     is loaded. `encoder` replaces the encoder the manifest names (tests inject a fake one).
     """
@@ -194,7 +243,7 @@ class TrainedCritic:
         check_encoder(self.manifest, encoder, str(self.path))
         self.encoder = encoder
         model_file = self.path / MODEL_FILE
-        self.classifier = import_joblib().load(model_file)
+        self.classifier = ArrayClassifier.load(model_file, self.manifest["model"])
         self._positive = int(self.manifest["positive_index"])
         # Names this exact critic (a retrained one in the same folder differs), for run manifests.
         self.sha256 = hashlib.sha256(model_file.read_bytes()).hexdigest()

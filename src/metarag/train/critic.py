@@ -11,7 +11,7 @@ learns from by letting the reasoner answer training questions, then train a ligh
    match, or token F1 at or above a threshold).
 2. `train_critic`: logistic regression (class-balanced) or a small MLP, both scikit-learn, on the
    MiniLM embeddings of `critic_text`; accuracy and ROC AUC on held-out questions; saved as
-   `critic.joblib` + `manifest.json` for `--set critic=DIR`.
+   `critic.npz` (the weights as plain arrays, never a pickle) + `manifest.json` for `--set critic=DIR`.
 
 Training data must be training data: `check_training_split` refuses evaluation sets (see its rule).
 """
@@ -34,18 +34,19 @@ import numpy as np
 
 from metarag import __version__
 from metarag.data.datasets import DEMO, PRESETS, Dataset
-from metarag.errors import ConfigError, DataError
+from metarag.errors import ConfigError, DataError, MissingDependency
 from metarag.evaluate.metrics import score_answer
 from metarag.judges.critic import (
     CRITIC_FORMAT,
     CRITIC_TEXT_VERSION,
     MANIFEST_FILE,
     MODEL_FILE,
+    PICKLED_MODEL_FILE,
     MiniLMFeatures,
     TextEncoder,
     critic_text,
-    import_joblib,
     load_critic,
+    read_manifest,
 )
 from metarag.llm.base import LLM
 from metarag.methods.evidence import format_passages
@@ -289,8 +290,7 @@ def train_critic(examples: Sequence[PracticeExample], out_dir: str | Path, *, en
     `encoder` defaults to the packaged MiniLM (`MiniLMFeatures`); `provenance` (datasets and their
     sha256s, the LLM, the practice settings) is written into the manifest as given.
     """
-    joblib = import_joblib()
-    import sklearn
+    sklearn = import_sklearn()
 
     if not examples:
         raise DataError("no self-practice examples to train a critic on")
@@ -312,9 +312,8 @@ def train_critic(examples: Sequence[PracticeExample], out_dir: str | Path, *, en
     out.mkdir(parents=True, exist_ok=True)
     # The manifest goes last: a folder without one is not a critic, so a crash leaves no half critic.
     (out / MANIFEST_FILE).unlink(missing_ok=True)
-    tmp = out / f".{MODEL_FILE}.tmp"
-    joblib.dump(classifier, tmp)
-    os.replace(tmp, out / MODEL_FILE)
+    model = save_classifier(classifier, out / MODEL_FILE)
+    (out / PICKLED_MODEL_FILE).unlink(missing_ok=True)
     questions = len({(e.dataset, e.question_id) for e in examples})
     by_evidence = {n: float(np.mean([e.correct for e in examples if e.n_passages == n]))
                    for n in sorted({e.n_passages for e in examples})}
@@ -328,6 +327,7 @@ def train_critic(examples: Sequence[PracticeExample], out_dir: str | Path, *, en
         "sklearn_version": sklearn.__version__,
         "classifier": dataclasses.asdict(settings),
         "positive_index": positive,
+        "model": model,
         "encoder": describe() if callable(describe) else dict(encoder.identity),
         "seed": settings.seed,
         "questions": questions,
@@ -345,6 +345,66 @@ def train_critic(examples: Sequence[PracticeExample], out_dir: str | Path, *, en
     os.replace(tmp, out / MANIFEST_FILE)
     return CriticReport(str(out), questions, len(examples), int(labels.sum()), len(train_idx), len(heldout_idx),
                         metrics["accuracy"], metrics["auc"], metrics["majority_accuracy"], by_evidence)
+
+
+def import_sklearn() -> Any:
+    """scikit-learn, which trains the classifier; named for the `train` extra when missing. Only
+    training needs it: a saved critic is plain arrays that numpy evaluates."""
+    try:
+        import sklearn
+    except ModuleNotFoundError as exc:
+        if exc.name is None or exc.name.split(".")[0] != "sklearn":
+            raise
+        raise MissingDependency("scikit-learn", "train") from None
+    return sklearn
+
+
+def save_classifier(classifier: Any, file: Path) -> dict[str, Any]:
+    """Write a fitted binary LogisticRegression or MLPClassifier as plain arrays (W0, b0, ..., classes)
+    in `file` (.npz, written through a temporary file), and return the manifest's `model` entry that
+    `judges.critic.ArrayClassifier.load` reads them with."""
+    if hasattr(classifier, "coefs_"):  # MLPClassifier: weights (inputs, outputs) per layer
+        layers = list(zip(classifier.coefs_, classifier.intercepts_))
+        activation, kind = classifier.activation, "mlp"
+        if classifier.out_activation_ != "logistic":
+            raise ConfigError(f"a critic must be a binary classifier; this MLP ends in {classifier.out_activation_}")
+    else:  # LogisticRegression: coef_ (1, inputs)
+        if classifier.coef_.shape[0] != 1:
+            raise ConfigError("a critic must be a binary classifier (one row of coefficients)")
+        layers = [(classifier.coef_.T, classifier.intercept_)]
+        activation, kind = "identity", "logreg"
+    arrays = {f"W{i}": np.asarray(w, dtype=np.float64) for i, (w, _) in enumerate(layers)}
+    arrays.update({f"b{i}": np.asarray(b, dtype=np.float64) for i, (_, b) in enumerate(layers)})
+    arrays["classes"] = np.asarray(classifier.classes_, dtype=np.int64)
+    tmp = file.with_name(f".{file.name}.tmp.npz")
+    np.savez(tmp, **arrays)
+    os.replace(tmp, file)
+    return {"kind": kind, "activation": activation, "layers": len(layers),
+            "features": int(arrays["W0"].shape[0])}
+
+
+def convert_trusted_pickle(folder: str | Path) -> Path:
+    """Convert a format-1 critic folder (a `critic.joblib` pickle) to the array format, in place.
+
+    Unpickling runs whatever code the file holds: call this only on a folder you made yourself. The
+    pickle is removed once the arrays and the updated manifest are written."""
+    folder = Path(folder).expanduser()
+    pickled = folder / PICKLED_MODEL_FILE
+    manifest_file = folder / MANIFEST_FILE
+    if not pickled.is_file() or not manifest_file.is_file():
+        raise ConfigError(f"{str(folder)!r} holds no format-1 critic ({PICKLED_MODEL_FILE} and {MANIFEST_FILE})")
+    import_sklearn()
+    import joblib
+
+    manifest = json.loads(manifest_file.read_text(encoding="utf-8"))
+    manifest["model"] = save_classifier(joblib.load(pickled), folder / MODEL_FILE)
+    manifest["format"] = CRITIC_FORMAT
+    tmp = folder / f".{MANIFEST_FILE}.tmp"
+    tmp.write_text(json.dumps(manifest, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    os.replace(tmp, manifest_file)
+    pickled.unlink()
+    read_manifest(folder)
+    return folder
 
 
 def _split_by_question(examples: Sequence[PracticeExample], heldout: float, seed: int
@@ -417,7 +477,7 @@ def run_training(datasets: Sequence[DatasetSpec], out_dir: str | Path, *, llm_sp
         check_training_split(dataset, allow_any)
         if not dataset.passages:
             raise ConfigError(f"{dataset.name} has no passages to retrieve from: give it a corpus")
-    import_joblib()  # fail on a missing `train` extra now, not after the self-practice
+    import_sklearn()  # fail on a missing `train` extra now, not after the self-practice
     encoder = encoder if encoder is not None else MiniLMFeatures()
 
     out = Path(out_dir).expanduser()
@@ -451,3 +511,14 @@ def run_training(datasets: Sequence[DatasetSpec], out_dir: str | Path, *, llm_sp
         "practice_runs": practice_runs,
     }
     return train_critic(examples, out, encoder=encoder, settings=train, provenance=provenance)
+
+
+if __name__ == "__main__":
+    import sys
+
+    if len(sys.argv) != 3 or sys.argv[1] != "--convert-trusted-pickle":
+        sys.exit("usage: python -m metarag.train.critic --convert-trusted-pickle DIR  (a critic folder you made)")
+    try:
+        print(f"converted {convert_trusted_pickle(sys.argv[2])} to {MODEL_FILE}")
+    except (ConfigError, DataError, MissingDependency) as exc:
+        sys.exit(f"metarag: error: {exc}")
