@@ -34,7 +34,7 @@ import numpy as np
 
 from metarag import __version__
 from metarag.data.datasets import DEMO, PRESETS, Dataset
-from metarag.errors import ConfigError, DataError, MissingDependency
+from metarag.errors import BackendError, ConfigError, DataError, MissingDependency
 from metarag.evaluate.metrics import score_answer
 from metarag.judges.critic import (
     CRITIC_FORMAT,
@@ -148,8 +148,9 @@ def self_practice(dataset: Dataset, llm: LLM, retriever: Retriever | None,
                   on_example: Callable[[PracticeExample], None] | None = None) -> list[PracticeExample]:
     """The SIM-RAG reasoner's answers to each question of a training `dataset`, labelled against gold,
     in memory: the practice method through the runner (`run_training` goes through the harness, with
-    a run folder). Questions without gold answers are skipped; a question whose practice fails is an
-    error naming it. `on_example` sees each example as it is made."""
+    a run folder). Questions without gold answers are skipped; a question whose practice fails stops
+    it with a BackendError naming the question (retryable as its failure was). `on_example` sees
+    each example as it is made."""
     from tqdm import tqdm
 
     from metarag.methods.runner import Runtime, run
@@ -162,8 +163,9 @@ def self_practice(dataset: Dataset, llm: LLM, retriever: Retriever | None,
         if not question.answers:
             continue
         trace = run(method, question, runtime)
-        if trace.error is not None:
-            raise DataError(f"self-practice failed on question {question.id}: {trace.error}", path=dataset.path)
+        if trace.error is not None:  # the trace says what failed; a retryable failure stays retryable
+            raise BackendError(f"self-practice failed on question {question.id}: {trace.error}",
+                               retryable=trace.retryable)
         for example in practice_examples(dataset.name, question, trace, settings):
             examples.append(example)
             if on_example is not None:
