@@ -18,7 +18,8 @@ passages and generated sub-queries:
      to U, no new context.
 3. The final answer A = f_ans(Q, C, U), short form.
 
-Each round records the decision model's verdict (a Judge step whose detail is the reasoning trace),
+Each round records the decision model's request (a Generate step) and verdict (a Judge step whose
+detail is the reasoning trace),
 the boundary verdict (a Judge step) and an `evoctx-decision` Decide step with the chosen action and
 its signals, so runs report retrieval calls, passages and tokens per question (Table 5), action
 allocation (Figure 3), oracle agreement (Figure 4, with `oracle=True`) and confidence by round

@@ -12,9 +12,10 @@ One question, as a policy over the shared runner loop:
    critic judges the last turn's answer too (as the official code does, so its verdicts can be
    counted), but that answer is final whatever it says.
 
-Every critic verdict is a Judge step and a `sim-rag-turn` Decide step (accept / reject, with
-p_accept and the turn). Departures from the official code, on purpose: decoding is greedy (the
-study's temperature 0, §4.3.1; the official code samples at 0.6), the query is asked for as one
+Every critic verdict is a Judge step (after the LLM critic's own Score step, its prompt and label
+probabilities) and a `sim-rag-turn` Decide step (accept / reject, with p_accept and the turn).
+Departures from the official code, on purpose: decoding is greedy (the study's temperature 0,
+§4.3.1; the official code samples at 0.6), the query is asked for as one
 plain line rather than a JSON object (small models break the JSON), and the loop stops early when a
 follow-up search finds nothing new (greedy decoding would repeat the same answer and verdict).
 """
