@@ -19,7 +19,7 @@ from servers import free_port
 from test_harness import answer_from_prompt, config, reader, write_hotpot
 
 from metarag.cli import main
-from metarag.errors import BackendError, ConfigError
+from metarag.errors import BackendError, ConfigError, DataError
 from metarag.evaluate.harness import DatasetSpec, EvalConfig, evaluate
 from metarag.evaluate.report import load_run, report_table
 from metarag.evaluate.runs import RunStore
@@ -413,3 +413,16 @@ def test_the_lock_is_per_run_folder_and_released_after_the_run(tmp_path):
             pass  # another run folder is not blocked
     with store.lock():
         pass  # released
+
+
+def test_a_file_system_without_locks_gets_one_line_naming_the_lock_file(tmp_path, monkeypatch):
+    import errno
+    import fcntl
+
+    def no_locks(fd, op):
+        raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    with pytest.raises(DataError, match=r"run\.lock: cannot lock the run folder \(No locks available\); put "
+                                        "--runs-dir on a local file system"):
+        evaluate(config(tmp_path), progress=False, llm=reader())

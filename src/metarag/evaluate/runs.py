@@ -123,8 +123,12 @@ class RunStore:
         """Hold the run's writer lock for the body; yields the holder record written into run.lock
         (pid, host, start time, command). Held already by another process: ConfigError naming that
         holder, or, with `wait`, block until it is released (`on_wait(holder)` is called first)."""
-        self.path.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise DataError(f"cannot create the run's lock file: {exc.strerror or exc}",
+                            path=str(self.lock_path)) from None
         try:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -136,6 +140,9 @@ class RunStore:
                 if on_wait is not None:
                     on_wait(holder)
                 fcntl.flock(fd, fcntl.LOCK_EX)
+            except OSError as exc:  # e.g. ENOLCK: a file system without locks
+                raise DataError(f"cannot lock the run folder ({exc.strerror or exc}); put --runs-dir on a local "
+                                "file system", path=str(self.lock_path)) from None
             holder = {"pid": os.getpid(), "host": socket.gethostname(),
                       "started": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
                       "command": " ".join(command if command is not None else sys.argv)}
