@@ -93,6 +93,10 @@ def main() -> None:
                 measured.append(row)
                 print(f"  {row.name}: {row.per_minute:.1f} q/min ({row.detail})", flush=True)
     print_table(measured, {q.id: q.answers for q in questions})
+    by_name = {row.name: row for row in measured}
+    if "hf-b1" in by_name and "hf-b8" in by_name:  # the same model: batching must not change an answer
+        same = sum(a.answer == b.answer for a, b in zip(by_name["hf-b1"].traces, by_name["hf-b8"].traces))
+        print(f"hf-b8 answers equal to hf-b1's: {same} of {len(questions)}")
     if args.answers:
         for row in measured:
             print(f"{row.name}: " + " | ".join(repr(t.answer) if t.error is None else f"ERROR {t.error}"

@@ -353,3 +353,25 @@ def test_sampled_rollouts_through_a_batching_transformers_model():
     assert len({t.answer for t in first}) == 4
     greedy = run_many(TwoAsks(), [q] * 2, Runtime(llm))
     assert greedy[0].answer == greedy[1].answer
+
+
+@pytest.mark.embedded
+def test_run_many_matches_run_on_the_embedded_model(dataset):
+    """One real-model check: llama.cpp (in turn) gives the same greedy traces through both loops."""
+    pytest.importorskip("llama_cpp")
+    from metarag.llm.llama_cpp import LlamaCppLLM, LlamaCppSettings
+
+    questions, retriever = dataset
+    llm = LlamaCppLLM(LlamaCppSettings(embedded="qwen2.5-coder-0.5b-instruct", n_ctx=4096))
+    method = build_method("standard-rag")
+    one_by_one = [run(method, q, Runtime(llm, retriever)) for q in questions[:3]]
+    together = run_many(method, questions[:3], Runtime(llm, retriever))
+    assert [t.error for t in together] == [None] * 3
+
+    def comparable(trace):  # latency and KV-cache reuse depend on what ran before, not on the answer
+        plain = without_latency(trace)
+        for step in plain["steps"]:
+            step["usage"]["cached_tokens"] = 0
+        return plain
+
+    assert [comparable(t) for t in together] == [comparable(t) for t in one_by_one]
