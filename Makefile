@@ -35,6 +35,12 @@ demo: $(STAMP)
 	$(BIN)/metarag index build --retrievers bm25,dense
 	$(BIN)/metarag ask "$(DEMO_Q1)" --method standard-rag
 	$(BIN)/metarag ask "$(DEMO_Q2)" --method standard-rag
+	@# the same two questions as a run folder the viewer can open: seed 316 samples exactly them from the demo
+	@# set, so the response cache answers at once (and a second make demo resumes the finished run)
+	$(BIN)/metarag eval --method standard-rag --dataset demo --limit 2 --seed 316 --quiet > $(VENV)/demo-eval.txt; \
+		status=$$?; cat $(VENV)/demo-eval.txt; exit $$status
+	@echo "See the demo's run question by question, trace by trace, in a browser:"
+	@echo "  $(BIN)/metarag view $$(sed -n 's/^run folder: //p' $(VENV)/demo-eval.txt)"
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q

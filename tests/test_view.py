@@ -12,7 +12,7 @@ import pytest
 pytest.importorskip("fastapi", reason="the viewer needs fastapi: pip install 'metarag[view]'")
 
 from fastapi.testclient import TestClient  # noqa: E402
-from test_harness import reader, write_hotpot  # noqa: E402
+from test_harness import answer_from_prompt, reader, write_hotpot  # noqa: E402
 
 from metarag.evaluate.harness import DatasetSpec, EvalConfig, evaluate, score  # noqa: E402
 from metarag.evaluate.report import load_run, report_table  # noqa: E402
@@ -52,6 +52,41 @@ def make_evoctx_run(root: Path, corpus) -> Path:
     store.write_json("questions.json", [Q.id])
     with store.open_for_append() as handle:
         store.append(score(question, trace), handle)
+    return store.path
+
+
+def make_flaky_run(root: Path, data: Path) -> Path:
+    """The reader again, but the model crashes on Spain's question: a failed question, scored 0."""
+    def flaky(prompt):
+        if "Spain" in prompt.rsplit("Question:", 1)[1]:
+            raise RuntimeError("model crashed")
+        return answer_from_prompt(prompt)
+
+    config = EvalConfig(method="standard-rag", dataset=DatasetSpec(file=str(data)), runs_dir=str(root / "flaky"))
+    return evaluate(config, progress=False, llm=ScriptedLLM([("Passages:", flaky)]))[0].path
+
+
+def make_rerank_run(root: Path) -> Path:
+    """One question whose retrieval of three passages a reranker cut to two, the last first."""
+    from metarag.evaluate.metrics import AnswerScores
+    from metarag.evaluate.runs import QuestionResult
+    from metarag.records import Answer, Generate, Hit, Message, Passage, Rerank, Retrieve, Trace, Usage
+
+    passages = [Passage("a", "Alpha", "Alpha text."), Passage("b", "Beta", "Beta text."),
+                Passage("c", "Gamma", "Gamma is the answer.")]
+    hits = tuple(Hit(p, 3.0 - i, "bm25") for i, p in enumerate(passages))
+    steps = (Retrieve(Usage(retrieval_calls=1), "Which?", 3, hits),
+             Rerank(Usage(llm_requests=3, prompt_tokens=300, latency_s=0.3), "llm", "Which?", ("a", "b", "c"),
+                    (Hit(passages[2], 0.9, "llm"), Hit(passages[0], 0.4, "llm"))),
+             Generate(Usage(llm_requests=1, prompt_tokens=80, completion_tokens=2, latency_s=0.1), "answer",
+                      (Message("user", "Passages: ... Question: Which?"),), "Gamma"),
+             Answer(Usage(), "Gamma"))
+    trace = Trace("r1", "Which?", "standard-rag", steps, answer="Gamma")
+    store = RunStore(root / "rerank-run")
+    store.write_json("settings.json", {"method": "standard-rag", "reranker": {"spec": "llm", "depth": 3}})
+    store.write_json("questions.json", ["r1"])
+    with store.open_for_append() as handle:
+        store.append(QuestionResult("r1", ("Gamma",), "Gamma", AnswerScores(1, 1, 1, 1, 1), 1.0, 1.0, trace), handle)
     return store.path
 
 
@@ -148,6 +183,27 @@ def test_agent_run_flags_over_search_and_keeps_decision_signals(tmp_path, corpus
     assert {"d_near", "d_cent", "d_90", "margin", "oracle_margin"} <= set(decisions[0]["signals"])
     runs = ok(c.get("/api/runs"))
     assert runs["runs"][0]["decides"] is True and runs["table"]["cells"][0][0] == "evoctx"
+
+
+def test_a_failed_question_is_listed_as_failed_with_its_error(runs):
+    flaky = make_flaky_run(runs["good"].parents[1], runs["data"])
+    c = client(runs["good"], flaky)
+    failed = ok(c.get("/api/questions", params={"filter": "failed"}))
+    assert [i["id"] for i in failed["items"]] == ["q2"]
+    cell = failed["items"][0]["runs"][1]
+    assert cell["failed"] and "model crashed" in cell["error"] and cell["em"] == 0
+    table = ok(c.get("/api/runs"))["table"]
+    assert table["cells"][1][table["columns"].index("failed")] == "1 !"
+    assert any("1 of 6 questions failed" in note for note in table["notes"])
+    result = ok(c.get("/api/question", params={"id": "q2"}))["runs"][1]["result"]
+    assert "model crashed" in result["error"] and result["retryable"] is False
+
+
+def test_a_rerank_step_keeps_the_ranks_before_and_after(tmp_path):
+    steps = ok(client(make_rerank_run(tmp_path)).get("/api/question", params={"id": "r1"}))["runs"][0]["trace"]["steps"]
+    rerank = steps[1]
+    assert rerank["kind"] == "rerank" and rerank["before"] == ["a", "b", "c"]
+    assert [h["passage"]["id"] for h in rerank["hits"]] == ["c", "a"]
 
 
 def test_a_folder_that_is_no_run_is_said_not_raised(runs, tmp_path):
@@ -247,3 +303,45 @@ def test_view_command_refuses_a_bad_port_and_binds_loopback_by_default():
     with pytest.raises(SystemExit):
         build_parser().parse_args(["view", "runs/x", "--port", "70000"])
     assert main(["view", "runs/x", "--host", " "]) == 1
+
+
+def test_make_demo_evaluates_the_two_questions_it_asked():
+    """`make demo` ends with `metarag eval --dataset demo --limit 2 --seed 316` so that the response
+    cache answers it at once: that sample must be exactly the two questions it asked before."""
+    import re
+
+    from metarag.data.datasets import resolve_preset, sample
+
+    makefile = (Path(__file__).resolve().parents[1] / "Makefile").read_text()
+    asked = dict(re.findall(r"^(DEMO_Q\d) := (.+)$", makefile, flags=re.M))
+    seed = re.search(r"metarag eval --method standard-rag --dataset demo --limit 2 --seed (\d+)", makefile)
+    assert seed and len(asked) == 2
+    picked = sample(resolve_preset("demo"), 2, int(seed.group(1)))
+    assert sorted(q.text for q in picked.questions) == sorted(asked.values())
+
+
+def test_view_command_serves_the_runs_on_loopback(runs):
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    proc = subprocess.Popen([sys.executable, "-m", "metarag.cli", "view", str(runs["good"]), "--port", "0"],
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        lines = []
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            line = proc.stderr.readline()
+            lines.append(line)
+            if "serving" in line or not line:
+                break
+        assert "on http://127.0.0.1:" in lines[-1], lines
+        assert "6 of 6 questions finished" in "".join(lines)
+        url = lines[-1].split(" on ", 1)[1].split()[0]
+        with urllib.request.urlopen(url + "api/runs", timeout=30) as response:
+            data = json.loads(response.read())
+        assert data["runs"][0]["n_results"] == 6 and data["table"]["cells"][0][0] == "standard-rag"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

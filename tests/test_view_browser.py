@@ -38,10 +38,14 @@ if MISSING:
     pytest.skip(f"browser tests skipped: {MISSING}", allow_module_level=True)
 
 from playwright.sync_api import expect, sync_playwright  # noqa: E402
-from test_view import make_evoctx_run, make_runs  # noqa: E402
+from test_view import make_evoctx_run, make_flaky_run, make_rerank_run, make_runs  # noqa: E402
 
 from metarag.evaluate.runs import RunStore  # noqa: E402
 from metarag.view.server import ViewServer  # noqa: E402
+
+# generous: the page answers in milliseconds, but the test machine's few cores are shared
+TIMEOUT_MS = 30_000
+expect.set_options(timeout=TIMEOUT_MS)
 
 
 @pytest.fixture(scope="module")
@@ -56,6 +60,7 @@ def browser():
 def page(browser):
     context = browser.new_context(viewport={"width": 1500, "height": 1000})
     page = context.new_page()
+    page.set_default_timeout(TIMEOUT_MS)
     errors: list[str] = []
     page.on("pageerror", lambda exc: errors.append(str(exc)))
     # a 4xx answer the page itself shows (an unknown question) is no page error
@@ -187,3 +192,30 @@ def test_bad_input_is_said_on_the_page(page, tmp_path, request):
         page.goto(server.url + "#/q/nope")
         expect(page.locator("#page-error")).to_contain_text("no run has a question with id 'nope'")
         shoot(page, tmp_path, request, "view-bad-input")
+
+
+def test_failed_questions_and_reranked_passages(page, tmp_path, request):
+    runs = make_runs(tmp_path / "runs")
+    flaky = make_flaky_run(tmp_path / "runs", runs["data"])
+    with ViewServer.start([runs["good"], flaky]) as server:
+        page.goto(server.url + "#/questions?filter=failed")
+        rows = page.locator("#questions tbody tr")
+        expect(rows).to_have_count(1)
+        expect(rows.first.locator("td.answer").nth(1)).to_have_class("answer cell-failed")
+        expect(rows.first.locator("td.answer").nth(1)).to_contain_text("model crashed")
+        rows.first.click()
+        expect(page.locator(".run-column").nth(1).locator("pre.trace-error")).to_contain_text("model crashed")
+    with ViewServer.start([make_rerank_run(tmp_path)]) as server:
+        page.goto(server.url + "#/q/r1")
+        retrieve = page.locator('.step[data-kind="retrieve"] table.hits tbody tr')
+        expect(retrieve).to_have_count(3)
+        # each retrieved passage's rank after the reranker: Gamma 1st, Alpha 2nd, Beta dropped
+        expect(retrieve.nth(0)).to_contain_text("Alpha")
+        expect(retrieve.nth(0).locator("td").nth(1)).to_have_text("2")
+        expect(retrieve.nth(1).locator("td").nth(1)).to_have_text("dropped")
+        expect(retrieve.nth(2).locator("td").nth(1)).to_have_text("1")
+        reranked = page.locator('.step[data-kind="rerank"] table.hits tbody tr')
+        expect(reranked.nth(0)).to_contain_text("Gamma")
+        expect(reranked.nth(0).locator("td").nth(1)).to_have_text("3")  # its rank before
+        expect(page.locator('.step[data-kind="rerank"]')).to_contain_text("kept 2 of 3")
+        shoot(page, tmp_path, request, "view-rerank")

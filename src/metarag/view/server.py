@@ -317,6 +317,7 @@ def listen(host: str, port: int) -> socket.socket:
         sock.close()
         raise BackendError(f"the viewer cannot listen on {host}:{port}: {getattr(exc, 'strerror', None) or exc}") \
             from None
+    sock.listen(128)  # connections made once `serving` is printed wait in the backlog until uvicorn accepts
     return sock
 
 
