@@ -375,3 +375,38 @@ def test_run_many_matches_run_on_the_embedded_model(dataset):
         return plain
 
     assert [comparable(t) for t in together] == [comparable(t) for t in one_by_one]
+
+
+# ------------------------------------------------------------------------------ the harness
+def test_eval_with_batch_writes_what_one_at_a_time_writes(tmp_path):
+    from metarag.evaluate.harness import DatasetSpec, EvalConfig, evaluate
+
+    def results(batch, llm):
+        cfg = EvalConfig(method="standard-rag", dataset=DatasetSpec(preset="demo", limit=6), batch=batch,
+                         runs_dir=str(tmp_path / f"runs-{batch}"))
+        store, out = evaluate(cfg, progress=False, llm=llm)
+        lines = (store.path / "results.jsonl").read_text().splitlines()
+        return store, [(r.question_id, r.prediction, r.scores) for r in out], lines
+
+    single_store, single, _ = results(1, standard_llm())
+    llm = BatchingLLM([("Passages:", lambda prompt: f" {pick(prompt)}\n")])
+    batched_store, batched, lines = results(4, llm)
+    assert batched == single and len(lines) == 6
+    assert llm.batches == [("generate", 4), ("generate", 2)]
+    assert batched_store.path.name == single_store.path.name  # how a run is batched is not in its id
+
+
+def test_a_batched_eval_stops_after_consecutive_retryable_failures(tmp_path):
+    from metarag.evaluate.harness import DatasetSpec, EvalConfig, evaluate
+
+    class Down(BatchingLLM):
+        def generate_batch(self, prompts, decodings):
+            raise BackendError("server down", retryable=True)
+
+    cfg = EvalConfig(method="standard-rag", dataset=DatasetSpec(preset="demo", limit=8), batch=5,
+                     runs_dir=str(tmp_path / "runs"), max_consecutive_failures=3)
+    with pytest.raises(BackendError, match="stopped after 3 consecutive.*5 questions not tried"):
+        evaluate(cfg, progress=False, llm=Down())
+    with pytest.raises(ConfigError, match="--batch"):
+        evaluate(EvalConfig(method="standard-rag", dataset=DatasetSpec(preset="demo"), batch=0,
+                            runs_dir=str(tmp_path / "runs")), progress=False, llm=Down())

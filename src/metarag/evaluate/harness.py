@@ -8,6 +8,7 @@ the back-ends that can be down are checked; a run of consecutive retryable failu
 """
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import os
 import subprocess
@@ -24,7 +25,7 @@ from metarag.evaluate.metrics import AnswerScores, score_answer, support_recall
 from metarag.evaluate.runs import QuestionResult, RunStore, describe_holder
 from metarag.llm.registry import LLMSpec, check_spec, make_llm
 from metarag.methods.registry import CLOSED_BOOK, build_method, method_revision, method_settings
-from metarag.methods.runner import Method, Runtime, run
+from metarag.methods.runner import Method, Runtime, run, run_many
 from metarag.records import Question, Trace
 from metarag.settings import artifact_digests, settings_hash, to_plain
 
@@ -54,7 +55,9 @@ class EvalConfig:
     How a session runs is not hashed: `workers`, `retry_failed` (retry every failed question, not
     only the retryable ones), `max_consecutive_failures` (stop after this many questions in a row
     fail with retryable errors, the sign of a back-end gone down; 0 never stops) and `wait` (wait for
-    another writer of the same run folder instead of refusing)."""
+    another writer of the same run folder instead of refusing), `batch` (run up to this many questions
+    in lockstep, each round's model requests sent as one batch: `run_many`; then `workers` is how many
+    of a round's requests go out at once to a back-end that does not batch, e.g. a server's slots)."""
 
     method: str
     dataset: DatasetSpec
@@ -68,6 +71,7 @@ class EvalConfig:
     retry_failed: bool = False
     max_consecutive_failures: int = 3
     wait: bool = False
+    batch: int = 1
 
 
 def load_questions(spec: DatasetSpec):
@@ -96,6 +100,8 @@ def prepare(config: EvalConfig):
     """Resolve a config into (run store, method, dataset, resolved settings), loading no model."""
     if config.workers < 1:
         raise ConfigError("--workers must be at least 1")
+    if config.batch < 1:
+        raise ConfigError("--batch must be at least 1")
     if config.max_consecutive_failures < 0:
         raise ConfigError("--max-consecutive-failures must be 0 (never stop) or more")
     check_spec(config.llm)
@@ -214,10 +220,11 @@ def _session(config: EvalConfig, store: RunStore, method: Method, dataset, resol
                "pid": holder["pid"], "host": holder["host"]}
     manifest["sessions"].append(session)
     store.write_json("manifest.json", manifest)
-    runtime = Runtime(llm, retriever, reranker=reranker, rerank_depth=config.rerank_depth)
+    runtime = Runtime(llm, retriever, reranker=reranker, rerank_depth=config.rerank_depth,
+                      workers=config.workers if config.batch > 1 else 1)
     try:
         _run_questions(method, todo, runtime, store, config.workers, done, len(dataset.questions), progress,
-                       on_result, config.max_consecutive_failures)
+                       on_result, config.max_consecutive_failures, config.batch)
         session["outcome"] = "finished"
     except BaseException as exc:
         session["outcome"] = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
@@ -253,8 +260,13 @@ def failure_summary(results: list[QuestionResult]) -> str | None:
             f"retries every failed question); first: {failed[0].question_id}: {failed[0].error}")
 
 
+class _Stopped(Exception):
+    """Raised out of `run_many` by the harness when consecutive failures stop a batched run."""
+
+
 def _run_questions(method: Method, todo: list[Question], runtime: Runtime, store: RunStore, workers: int,
-                   done: dict, total: int, progress: bool, on_result, max_consecutive_failures: int) -> None:
+                   done: dict, total: int, progress: bool, on_result, max_consecutive_failures: int,
+                   batch: int = 1) -> None:
     from tqdm import tqdm
 
     bar = tqdm(total=total, initial=len(done), disable=not progress, unit="q", dynamic_ncols=True)
@@ -290,7 +302,17 @@ def _run_questions(method: Method, todo: list[Question], runtime: Runtime, store
     written = 0
     with store.open_for_append() as handle:
         try:
-            if workers == 1:
+            if batch > 1:
+                def settled(i: int, trace: Trace) -> None:
+                    nonlocal written
+                    finish(score(todo[i], trace))
+                    written += 1
+                    if stop():
+                        raise _Stopped  # the questions in flight are not written: a re-run does them
+
+                with contextlib.suppress(_Stopped):
+                    run_many(method, todo, runtime, window=batch, on_trace=settled)
+            elif workers == 1:
                 for question in todo:
                     finish(score(question, run(method, question, runtime)))
                     written += 1
