@@ -222,7 +222,11 @@ def add_eval_args(p: argparse.ArgumentParser) -> None:
                    help="score questions without a gold answer as unanswerable (right only when the answer "
                         "abstains: unanswerable, unknown, unsure, ...) instead of refusing the file")
     p.add_argument("--workers", type=int, default=1,
-                   help="questions run concurrently (useful against a served model; 1 for embedded)")
+                   help="questions run concurrently (useful against a served model; 1 for embedded); with "
+                        "--batch, the requests of a round sent at once to a back-end that does not batch")
+    p.add_argument("--batch", type=int, default=1, metavar="N",
+                   help="run N questions in lockstep, each round's model requests as one batch (a transformers "
+                        "model decodes them as one padded batch); default 1: one question at a time")
     p.add_argument("--retriever", default="bm25", type=retriever_name,
                    help="retriever: bm25, dense (MiniLM + FAISS), hybrid (both fused by RRF), or remote:URL "
                           "(a metarag serve-retriever service) (default: bm25)")
@@ -286,7 +290,7 @@ def eval_config_from_args(args: argparse.Namespace):
                       overrides=parse_assignments(args.set),
                       workers=args.workers, runs_dir=str(runs_dir),
                       retry_failed=args.retry_failed, max_consecutive_failures=args.max_consecutive_failures,
-                      wait=args.wait)
+                      wait=args.wait, batch=args.batch)
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
