@@ -197,7 +197,10 @@ def test_first_json_object_never_raises(text):
 # ------------------------------------------------------------------------------ linear time
 ADVERSARIAL = ["{", '{"a": ', "{x", "answer:", "answer is ", "answer:\n", "answer ", "\n", " .", "'answer:'",
                "1", "1 ", "[", "<", '"', "Follow up:", "action:", "so the final answer is ", "Answer: x\n", "*",
-               "Rationale:", "a", "\n \n", "Error: none|\n", " \n", "!\n"]
+               "Rationale:", "a", "\n \n", "Error: none|\n", " \n", "!\n",
+               # [before, repeated, after]: one label or marker followed by a long run of spaces
+               *([label, " ", "x"] for label in ("Query", "Sub-question 2", "answer", "Answer:", "so the final",
+                                                 "Follow up", "Action", "Reasoning", "Error", "1", "[1", "{"))]
 READERS = ["first_json_object", "parse_yes_no", "parse_answer_rationale", "extract_short_answer", "clean_answer",
            "parse_decision", "parse_step", "parse_reasoning_check", "parse_query", "parse_permutation", "strip_label"]
 # Run in a child process, so that a reader gone quadratic fails within the timeout instead of hanging
@@ -215,9 +218,12 @@ def best(text):
         start = time.perf_counter(); reader(text); times.append(time.perf_counter() - start)
     return min(times)
 out = []
+def text(piece, size):
+    before, repeated, after = piece if isinstance(piece, list) else ("", piece, "")
+    return before + repeated * (size // len(repeated)) + after
 for piece in pieces:
-    small = best(piece * (12_000 // len(piece)))
-    large = best(piece * (120_000 // len(piece))) if small < 2.0 else None
+    small = best(text(piece, 12_000))
+    large = best(text(piece, 120_000)) if small < 2.0 else None
     out.append((piece, small, large))
 print(json.dumps(out))
 """

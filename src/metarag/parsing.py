@@ -371,18 +371,23 @@ _FINAL = re.compile(r"so\s+the\s+final\s+answer\s+is\s*:?", re.IGNORECASE)
 _FOLLOW_UP = re.compile(r"(?<![A-Za-z])follow[-\s]?up(?:\s+question)?[*_\s]*:[*_\s]*", re.IGNORECASE)
 STEP_KINDS = ("follow-up", "final", "final-prompt")
 
-_LABEL = re.compile(r"^(?:next\s+)?(?:sub[-\s]?questions?|sub[-\s]?query|search\s+query|query|follow[-\s]?up)"
-                    r"\s*\d*\s*:\s*", re.IGNORECASE)
-_LIST_NUMBER = re.compile(r"^\d+[.)]\s+")
+# Leading quotes, markdown, list numbers and labels ("Query:", "Sub-question 2:"), repeated, in one pass;
+# possessive so that a label followed by a long run of spaces costs linear time.
+_LEADING_LABELS = re.compile(
+    r"(?:[*`\"'\s]|\d++[.)]\s++"
+    r"|(?:next\s++)?(?:sub[-\s]?questions?|sub[-\s]?query|search\s++query|query|follow[-\s]?up)\s*+(?:\d++\s*+)?:\s*+)*",
+    re.IGNORECASE)
 
 
 def strip_label(text: str) -> str:
-    """A query or sub-question as written, first line only, without a leading label ("Query:",
-    "Sub-question 2:"), list number, quotes or markdown."""
+    """A query or sub-question as written, first line only, without leading labels ("Query:",
+    "Sub-question 2:"), list numbers, quotes or markdown. Idempotent."""
     line = next((ln.strip() for ln in text.strip().splitlines() if ln.strip()), "")
-    line = line.strip("*`\"' ")
-    line = _LIST_NUMBER.sub("", line)
-    return _LABEL.sub("", line).strip("*`\"' ")
+    previous = None
+    while line != previous:
+        previous = line
+        line = line[_LEADING_LABELS.match(line).end():].rstrip("*`\"' ").strip()
+    return line
 
 
 def final_after(text: str) -> str:
