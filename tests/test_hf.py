@@ -54,6 +54,13 @@ def test_a_live_model_needs_an_identity_and_can_rename_it():
     llm = HFLLM.from_model(model, tokenizer, identity="policy@step0")
     llm.identity = "policy@step1"  # a trainer renames it with every checkpoint
     assert llm.identity == "policy@step1"
+    model.train()  # a trainer's live model: decoded in eval mode, handed back in training mode
+    try:
+        llm.complete("The capital", Decoding(max_tokens=2))
+        assert model.training
+    finally:
+        model.eval()
+    assert not model.training
 
 
 @needs_torch

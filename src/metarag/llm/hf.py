@@ -11,6 +11,7 @@ its tokens: the GGUF here is dequantized to float, llama.cpp computes in its qua
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import inspect
 import threading
@@ -115,7 +116,6 @@ class HFLLM:
         self.model, self.tokenizer = model, tokenizer
         self.identity = identity
         self.settings = settings
-        self.model.eval()
         self._lock = threading.Lock()
         eos = set()
         for source in (getattr(tokenizer, "eos_token_id", None),
@@ -134,6 +134,19 @@ class HFLLM:
         self._pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos)
         # transformers 5.x names the KV cache `cache`; 4.x `past_key_values`
         self._cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+    @contextlib.contextmanager
+    def _inference(self):
+        """One request at a time, in eval mode (no dropout), without gradients; a live model being
+        trained gets its training mode back afterwards."""
+        torch = self._torch_mod
+        with self._lock, torch.no_grad():
+            training = self.model.training
+            self.model.eval()
+            try:
+                yield
+            finally:
+                self.model.train(training)
 
     @property
     def device(self):
@@ -180,7 +193,7 @@ class HFLLM:
             return []
         rows = [self._prompt_ids(p) for p in prompts]
         start = time.perf_counter()
-        with self._lock:
+        with self._inference():
             streams, eos, outs = self._decode(rows, decodings)
             internals = [self._internals(row + out, len(row), d) if (d.attentions or d.hidden_states) else None
                          for row, out, d in zip(rows, outs, decodings)]
@@ -200,7 +213,7 @@ class HFLLM:
         rows = [self._prompt_ids(p) for p in prompts]
         start = time.perf_counter()
         sequences = [row + list(prefix) for row in rows for prefix in prefixes]
-        with self._lock:
+        with self._inference():
             last = self._last_logprobs(sequences)
         share = (time.perf_counter() - start) / max(len(rows), 1)
         out = []
