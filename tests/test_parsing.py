@@ -79,6 +79,12 @@ def test_extract_short_answer_cases(text, answer):
     assert extract_short_answer(text) == answer
 
 
+def test_marked_answer_reads_the_metarag_reasoner_reply_of_the_issue():
+    reply = ("The Police were formed in London in 1977.\nAnswer: The band is the Police, with Stewart Copeland as "
+             "the drummer.\nThis answer is correct and does not contain any errors.")
+    assert marked_answer(reply) == "The band is the Police, with Stewart Copeland as the drummer"
+
+
 def test_marked_answer_is_none_without_a_marked_answer():
     assert marked_answer("Eiffel was born in") is None
     assert marked_answer("Answer: <the short answer: a name, a date, a number, a short phrase, or yes/no>") is None
