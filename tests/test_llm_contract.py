@@ -29,6 +29,7 @@ class Subject:
     prompt: str  # a raw prompt the back-end continues with at least 6 tokens
     question: tuple[Message, ...]  # a chat question
     caps: frozenset[str] = field(default_factory=frozenset)
+    ends_turn: bool = False  # the model answers `question` and ends its turn within 48 tokens
 
 
 def scripted_subject() -> Subject:
@@ -58,7 +59,7 @@ def llama_subject() -> Subject:
     llm = LlamaCppLLM(LlamaCppSettings(embedded="qwen2.5-coder-0.5b-instruct", n_ctx=2048))
     return Subject(llm, "The Eiffel Tower is a wrought-iron lattice tower in",
                    (Message("user", "In one sentence: what is the capital of France?"),),
-                   ALL_CAPS - {"batch"})
+                   ALL_CAPS - {"batch"}, ends_turn=True)
 
 
 def server_subject() -> Subject:
@@ -81,7 +82,7 @@ def server_subject() -> Subject:
     llm._server = context  # stopped by the fixture
     return Subject(llm, "The Eiffel Tower is a wrought-iron lattice tower in",
                    (Message("user", "In one sentence: what is the capital of France?"),),
-                   frozenset({"sampling", "prefix", "argmax"}))
+                   frozenset({"sampling", "prefix", "argmax"}), ends_turn=True)
 
 
 BACKENDS = [pytest.param(scripted_subject, id="scripted"),
@@ -172,6 +173,10 @@ def test_finish_reasons_length_and_eos(subject):
     if isinstance(subject.llm, ScriptedLLM):
         done = subject.llm.complete("Question: where?", Decoding(max_tokens=50))
         assert done.finish_reason == "eos" and done.text == "Dijon"
+    elif subject.ends_turn:
+        done = subject.llm.chat(subject.question, Decoding(max_tokens=48, logprobs=1))
+        assert done.finish_reason == "eos" and done.stop is None and done.text
+        assert done.usage.completion_tokens == len(done.tokens)  # the end-of-turn token is not counted
 
 
 # ------------------------------------------------------------------------ continuation, token ids
