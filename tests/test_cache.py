@@ -153,3 +153,29 @@ def test_no_response_cache_flag_switches_the_cache_off_for_the_run():
         args = parser.parse_args(["ask", "What?", flag])
         assert llm_spec_from_args(args).response_cache is False
     assert llm_spec_from_args(parser.parse_args(["ask", "What?"])).response_cache is True
+
+
+def test_answers_stored_before_the_token_level_protocol_are_not_served_where_it_changed(tmp_path):
+    """A first-token label probability is not a whole-label one, and old per-token data has no ids:
+    such stored answers are keyed apart; a plain greedy answer's key is unchanged."""
+    import hashlib
+    import json
+
+    from metarag.records import LabelScores, to_plain
+
+    def legacy_key(op, prompt, settings):
+        payload = {"model": "scripted:scripted", "op": op, "prompt": prompt, "settings": settings}
+        return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+
+    raw = [{"role": "raw", "content": "Is it true?"}]
+    store = ResponseCache(tmp_path / "c.sqlite")
+    store.put(legacy_key("score_labels", raw, {"labels": ["Yes", "No"]}),
+              to_plain(LabelScores(("Yes", "No"), (0.5, 0.5))))
+    old = {"max_tokens": 4, "stop": [], "temperature": 0.0, "seed": 0, "logprobs": 0}
+    store.put(legacy_key("complete", raw, old), {"text": "stored"})
+    store.put(legacy_key("complete", raw, {**old, "logprobs": 2}), {"text": "stored", "logprobs": []})
+    inner = ScriptedLLM([("true", "fresh")], [("true", {"Yes": 0.9, "No": 0.1})])
+    llm = CachedLLM(inner, store)
+    assert llm.score_labels("Is it true?", ["Yes", "No"]).probs == (0.9, 0.1)
+    assert llm.complete("Is it true?", Decoding(max_tokens=4)).text == "stored"
+    assert llm.complete("Is it true?", Decoding(max_tokens=4, logprobs=2)).text == "fresh"

@@ -71,11 +71,26 @@ def request_key(identity: str, op: str, prompt: Prompt, settings: dict) -> str:
 _FIRST_FIELDS = ("max_tokens", "stop", "temperature", "seed", "logprobs")
 
 
+# What a stored answer holds changed twice with the token-level protocol; answers stored before
+# cannot stand for the new ones: label probabilities were of each label's first token (now whole
+# labels, summed over variants), and per-token data had no ids, offsets or entropy.
+_LABEL_RULE = "whole-label"
+_TOKEN_FORMAT = 2
+
+
 def decoding_settings(decoding: Decoding) -> dict[str, Any]:
     """Every decoding field that can change an answer, as the key sees it."""
     defaults = {f.name: f.default for f in fields(decoding)}
-    return {name: value for name, value in asdict(decoding).items()
-            if name in _FIRST_FIELDS or value != defaults[name]}
+    settings = {name: value for name, value in asdict(decoding).items()
+                if name in _FIRST_FIELDS or value != defaults[name]}
+    if decoding.wants_tokens:
+        settings["token_format"] = _TOKEN_FORMAT
+    return settings
+
+
+def label_settings(labels: Sequence[str]) -> dict[str, Any]:
+    """The key settings of a label-scoring request: its labels and the scoring rule."""
+    return {"labels": list(labels), "rule": _LABEL_RULE}
 
 
 def _cacheable(decoding: Decoding) -> bool:
@@ -114,7 +129,7 @@ class CachedLLM:
 
     def score_labels(self, prompt: Prompt, labels: Sequence[str]) -> LabelScores:
         start = time.perf_counter()
-        key = request_key(self.identity, "score_labels", prompt, {"labels": list(labels)})
+        key = request_key(self.identity, "score_labels", prompt, label_settings(labels))
         stored = self.cache.get(key)
         if stored is not None:
             scores = from_plain(LabelScores, stored)
@@ -137,7 +152,7 @@ class CachedLLM:
     def score_many(self, prompts: Sequence[Prompt], labels: Sequence[Sequence[str]], *,
                    workers: int = 1) -> list[LabelScores | Exception]:
         """`batch.score_many` through the cache."""
-        keys = [request_key(self.identity, "score_labels", p, {"labels": list(ls)}) for p, ls in zip(prompts, labels)]
+        keys = [request_key(self.identity, "score_labels", p, label_settings(ls)) for p, ls in zip(prompts, labels)]
         out, misses = self._lookup(LabelScores, keys)
         fresh = score_many(self.inner, [prompts[i] for i in misses], [labels[i] for i in misses], workers=workers)
         return self._store(keys, out, misses, fresh)
