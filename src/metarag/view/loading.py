@@ -16,6 +16,7 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, ClassVar
 
 from metarag.errors import MetaRAGError
@@ -266,44 +267,54 @@ class RunView:
             return True
 
     def _load(self) -> None:
-        self.error, self.problems, self.run, self.results, self.cells, self._spans = None, [], None, {}, {}, {}
+        """Read the folder into a fresh state, then swap it in whole: a request served meanwhile sees
+        the old state or the new one, never half of each."""
+        st = SimpleNamespace(error=None, problems=[], run=None, results={}, cells={}, _spans={})
+        try:
+            self._read_into(st)
+        except Exception as exc:  # whatever is in the folder, the page says so instead of failing
+            st.error = f"{self.path}: cannot be read ({type(exc).__name__}: {exc})"
+            st.run = None
+        self.__dict__.update(vars(st))
+
+    def _read_into(self, st: SimpleNamespace) -> None:
         if not self.path.exists():
-            self.error = f"{self.path}: no such folder"
+            st.error = f"{self.path}: no such folder"
             return
         if not self.path.is_dir():
-            self.error = f"{self.path}: not a folder (give a run folder, runs/<run-id>)"
+            st.error = f"{self.path}: not a folder (give a run folder, runs/<run-id>)"
             return
         store = self.store
         if not store.settings_path.is_file():
-            self.error = (f"{self.path}: not a metarag run folder (it has no settings.json, which metarag eval "
-                          "writes into runs/<run-id>)")
+            st.error = (f"{self.path}: not a metarag run folder (it has no settings.json, which metarag eval "
+                        "writes into runs/<run-id>)")
             return
         try:
             settings = store.read_json("settings.json")
             ids = store.read_json("questions.json")
             manifest = store.read_json("manifest.json") if store.manifest_path.exists() else {}
         except MetaRAGError as exc:
-            self.error = str(exc)
+            st.error = str(exc)
             return
         if not isinstance(settings, dict) or not isinstance(ids, list) or not isinstance(manifest, dict):
-            self.error = f"{self.path}: settings.json, questions.json or manifest.json is not what metarag eval writes"
+            st.error = f"{self.path}: settings.json, questions.json or manifest.json is not what metarag eval writes"
             return
         if not store.manifest_path.exists():
-            self.problems.append(_problem(None, None, "no manifest.json: model and dataset hashes unknown"))
+            st.problems.append(_problem(None, None, "no manifest.json: model and dataset hashes unknown"))
         newest, spans, problems = read_results(store.results_path)
-        self.problems += problems
+        st.problems += problems
         if not store.results_path.exists():
-            self.problems.append(_problem(None, None, "no results.jsonl yet: no question has finished"))
+            st.problems.append(_problem(None, None, "no results.jsonl yet: no question has finished"))
         ids = [str(i) for i in ids]
         known = set(ids)
         strays = [q for q in newest if q not in known]
         if strays:
-            self.problems.append(_problem(None, None, f"{len(strays)} results for questions not in questions.json "
-                                                      f"(first: {strays[0]}); left out"))
-        self.results = {q: newest[q] for q in ids if q in newest}
-        self._spans = spans
-        self.cells = {q: question_cell(r) for q, r in self.results.items()}
-        self.run = LoadedRun(self.name, self.path, settings, manifest, tuple(ids), tuple(self.results.values()))
+            st.problems.append(_problem(None, None, f"{len(strays)} results for questions not in questions.json "
+                                                    f"(first: {strays[0]}); left out"))
+        st.results = {q: newest[q] for q in ids if q in newest}
+        st._spans = spans
+        st.cells = {q: question_cell(r) for q, r in st.results.items()}
+        st.run = LoadedRun(self.name, self.path, settings, manifest, tuple(ids), tuple(st.results.values()))
 
     def raw_trace(self, question_id: str) -> tuple[dict | None, str | None]:
         """The newest result line of a question as raw JSON, read again from the file (only now that

@@ -55,21 +55,30 @@ function fail(error) {
   main.replaceChildren(h("div", { class: "error", id: "page-error" }, `The page could not be shown: ${error.message || error}`));
 }
 
+let generation = 0; // a newer navigation wins over an older one still waiting for its data
+
+function show(mine, ...nodes) {
+  if (mine !== generation) return false;
+  main.replaceChildren(...nodes);
+  return true;
+}
+
 async function route() {
+  const mine = ++generation;
   const hash = location.hash || "#/";
   try {
     if (hash.startsWith("#/q/")) {
       setActive(null);
-      await questionPage(decodeURIComponent(hash.slice(4)));
+      await questionPage(mine, decodeURIComponent(hash.slice(4)));
     } else if (hash.startsWith("#/questions")) {
       setActive("nav-questions");
-      await listPage(new URLSearchParams(hash.split("?")[1] || ""));
+      await listPage(mine, new URLSearchParams(hash.split("?")[1] || ""));
     } else {
       setActive("nav-runs");
-      await runsPage();
+      await runsPage(mine);
     }
   } catch (error) {
-    fail(error);
+    if (mine === generation) fail(error);
   }
 }
 
@@ -79,7 +88,7 @@ async function runsInfo(refresh = false) {
 }
 
 // ------------------------------------------------------------------------------------ runs page
-async function runsPage() {
+async function runsPage(mine) {
   const data = await runsInfo(true);
   const page = [h("h1", {}, "Runs")];
   const bad = data.runs.filter((r) => r.error);
@@ -102,7 +111,7 @@ async function runsPage() {
   for (const note of table.notes) page.push(h("div", { class: "warning table-note" }, note));
   page.push(h("div", { class: "run-cards" }, data.runs.filter((r) => !r.error).map(runCard)));
   page.push(h("p", {}, h("a", { href: "#/questions", id: "to-questions" }, "Question by question →")));
-  main.replaceChildren(...page);
+  if (!show(mine, ...page)) return;
   statusLine.textContent = `${data.runs.length} run folder(s)`;
 }
 
@@ -139,7 +148,7 @@ const FILTER_LABELS = {
 const METRIC_LABELS = { em: "EM", f1: "F1", requests: "requests", tokens: "tokens", latency: "latency",
                         retrievals: "retrievals", steps: "steps" };
 
-async function listPage(params) {
+async function listPage(mine, params) {
   const info = await runsInfo();
   const shown = info.runs.filter((r) => !r.error); // folders that are no run are said on the runs page
   const first = shown.length ? shown[0].index : 0, second = shown.length > 1 ? shown[1].index : first;
@@ -150,8 +159,18 @@ async function listPage(params) {
   };
   const query = new URLSearchParams(state).toString();
   const data = await api(`/api/questions?${query}`);
+  // every control's value as it is now, so that changes made in quick succession all count
+  const current = () => {
+    const out = {};
+    for (const [key, id] of [["filter", "filter"], ["a", "run-a"], ["b", "run-b"], ["type", "type"],
+                             ["q", "search"], ["sort", "sort"], ["order", "order"]]) {
+      const control = controls.querySelector(`#${id}`);
+      if (control) out[key] = control.value;
+    }
+    return out;
+  };
   const go = (changes) => {
-    const next = { ...state, offset: "0", ...changes };
+    const next = { ...state, ...current(), offset: "0", ...changes };
     location.hash = `#/questions?${new URLSearchParams(next).toString()}`;
   };
   const select = (id, label, value, options, onchange) => h("label", {}, label,
@@ -198,7 +217,7 @@ async function listPage(params) {
     h("td", {}, item.golds.join(" | ")), shown.map((r) => answerCell(item.runs[r.index]))));
   page.push(h("div", { class: "scroll" }, h("table", { id: "questions" }, h("thead", {}, head), h("tbody", {}, rows))));
   page.push(pager(false));
-  main.replaceChildren(...page);
+  if (!show(mine, ...page)) return;
   statusLine.textContent = `${data.total} questions`;
 }
 
@@ -215,7 +234,7 @@ function answerCell(cell) {
 }
 
 // ------------------------------------------------------------------------------- question page
-async function questionPage(id) {
+async function questionPage(mine, id) {
   const data = await api(`/api/question?id=${encodeURIComponent(id)}`);
   const supporting = new Set(data.supporting || []);
   const page = [
@@ -234,7 +253,7 @@ async function questionPage(id) {
   const columns = h("div", { class: "columns", style: `--n: ${kept.length}` },
     kept.map((run) => runColumn(run, data, supporting)));
   page.push(columns);
-  main.replaceChildren(...page);
+  if (!show(mine, ...page)) return;
   statusLine.textContent = `question ${data.id}`;
 }
 
