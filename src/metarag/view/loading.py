@@ -314,7 +314,8 @@ class RunView:
         st.results = {q: newest[q] for q in ids if q in newest}
         st._spans = spans
         st.cells = {q: question_cell(r) for q, r in st.results.items()}
-        st.run = LoadedRun(self.name, self.path, settings, manifest, tuple(ids), tuple(st.results.values()))
+        st.run = LoadedRun(name=self.name, path=self.path, settings=settings, manifest=manifest,
+                           question_ids=tuple(ids), results=tuple(st.results.values()))
 
     def raw_trace(self, question_id: str) -> tuple[dict | None, str | None]:
         """The newest result line of a question as raw JSON, read again from the file (only now that
