@@ -72,7 +72,8 @@ class OpenAICompatLLM:
     # What the HTTP API gives: tokens (text and log-prob, top alternatives) only when logprobs are
     # asked; no token ids and no entropy (only the top alternatives come back). The server applies
     # the stop rule (text cut before the stop string); it does not say which stop string fired
-    # (finish "stop", `stop` None) unless it reports `stop_reason` (vLLM).
+    # (finish "stop", `stop` None) unless it reports `stop_reason` (vLLM). The seed is sent; whether
+    # a sampled request repeats with it is the server's affair (llama_cpp.server 0.3.36: it does not).
     def complete(self, prompt: str | TokenIds, decoding: Decoding = Decoding()) -> Completion:
         sent = list(prompt.ids) if isinstance(prompt, TokenIds) else prompt
         kwargs = dict(model=self.settings.model, prompt=sent, max_tokens=decoding.max_tokens,
