@@ -295,6 +295,26 @@ def test_a_run_being_written_is_reread(runs):
     assert ok(c.get("/api/runs"))["runs"][0]["n_results"] == 3
 
 
+def test_a_growing_run_parses_only_its_new_lines(runs, monkeypatch):
+    from metarag.view import loading
+
+    store = RunStore(runs["good"])
+    lines = store.results_path.read_text().splitlines(keepends=True)
+    store.results_path.write_text("".join(lines[:3]))
+    parsed = []
+    real = loading.parse_line
+    monkeypatch.setattr(loading, "parse_line", lambda line: parsed.append(line) or real(line))
+    c = client(runs["good"])
+    assert ok(c.get("/api/runs"))["runs"][0]["n_results"] == 3 and len(parsed) == 3
+    with open(store.results_path, "a") as f:
+        f.write("".join(lines[3:]))
+    data = ok(c.get("/api/runs"))
+    assert data["runs"][0]["n_results"] == 6 and len(parsed) == 6  # the three new lines only
+    n = data["table"]["columns"].index("n")
+    assert data["table"]["cells"][0][n] == "6"
+    assert ok(c.get("/api/questions"))["items"][5]["runs"][0]["answer"] == "Lisbon"
+
+
 def test_view_command_refuses_a_bad_port_and_binds_loopback_by_default():
     from metarag.cli import build_parser, main
 

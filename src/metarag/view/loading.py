@@ -10,6 +10,7 @@ raw JSON with its usage counted, and lists the problem. Nothing here writes to a
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
 import threading
@@ -88,16 +89,51 @@ def parse_result(obj: Any) -> tuple[QuestionResult, list[str]]:
     return dataclasses.replace(result, trace=trace_record), notes
 
 
-def read_results(path: Path) -> tuple[dict[str, QuestionResult], dict[str, tuple[int, int]], list[dict]]:
-    """The newest readable result of each question, the byte span of its line in the file (to read
-    its trace again when it is opened), and the problems found, each {line, question_id, message}."""
+class ParsedLine:
+    """One results.jsonl line as read: its result and step notes, or why it is no result; `cell` is
+    the question list's view of the result, computed once."""
+
+    __slots__ = ("result", "notes", "why", "_cell")
+
+    def __init__(self, result: QuestionResult | None, notes: list[str], why: str | None):
+        self.result, self.notes, self.why, self._cell = result, notes, why, None
+
+    @property
+    def cell(self) -> dict:
+        if self._cell is None:
+            self._cell = question_cell(self.result)
+        return self._cell
+
+
+def parse_line(line: bytes) -> ParsedLine:
+    try:
+        obj = json.loads(line)
+    except ValueError as exc:
+        return ParsedLine(None, [], f"is torn or corrupt (not JSON: {exc})")
+    try:
+        result, notes = parse_result(obj)
+    except ValueError as exc:
+        return ParsedLine(None, [], f"is not a result record ({exc})")
+    return ParsedLine(result, notes, None)
+
+
+def read_results(path: Path, cache: dict[bytes, ParsedLine] | None = None
+                 ) -> tuple[dict[str, ParsedLine], dict[str, tuple[int, int]], list[dict]]:
+    """The newest readable result line of each question, the byte span of that line in the file (to
+    read its trace again when it is opened), and the problems found, each {line, question_id, message}.
+
+    `cache` maps a line's digest to its parse: a line already read (a run being written is reread
+    as it grows) is not parsed again. It is left holding the lines of this read only."""
     try:
         raw = path.read_bytes()
     except FileNotFoundError:
+        if cache is not None:
+            cache.clear()
         return {}, {}, []
-    newest: dict[str, QuestionResult] = {}
+    newest: dict[str, ParsedLine] = {}
     spans: dict[str, tuple[int, int]] = {}
     problems: list[dict] = []
+    seen: dict[bytes, ParsedLine] = {}
     start = number = 0
     while start < len(raw):
         end = raw.find(b"\n", start)
@@ -109,23 +145,20 @@ def read_results(path: Path) -> tuple[dict[str, QuestionResult], dict[str, tuple
         line, span, start = raw[start:end], (start, end), end + 1
         if not line.strip():
             continue
-        try:
-            obj = json.loads(line)
-        except ValueError as exc:
-            problems.append(_problem(number, None, f"results.jsonl line {number} is torn or corrupt (not JSON: "
-                                                   f"{exc}); skipped"))
+        key = hashlib.blake2b(line, digest_size=16).digest()
+        parsed = seen.get(key) or (cache.get(key) if cache is not None else None) or parse_line(line)
+        seen[key] = parsed
+        if parsed.result is None:
+            problems.append(_problem(number, None, f"results.jsonl line {number} {parsed.why}; skipped"))
             continue
-        try:
-            result, notes = parse_result(obj)
-        except ValueError as exc:
-            problems.append(_problem(number, None, f"results.jsonl line {number} is not a result record ({exc}); "
-                                                   "skipped"))
-            continue
-        for note in notes:
-            problems.append(_problem(number, result.question_id,
-                                     f"question {result.question_id} (line {number}), {note}: shown as raw JSON"))
-        newest[result.question_id] = result
-        spans[result.question_id] = span
+        qid = parsed.result.question_id
+        for note in parsed.notes:
+            problems.append(_problem(number, qid, f"question {qid} (line {number}), {note}: shown as raw JSON"))
+        newest[qid] = parsed
+        spans[qid] = span
+    if cache is not None:
+        cache.clear()
+        cache.update(seen)
     return newest, spans, problems
 
 
@@ -239,6 +272,7 @@ class RunView:
         self.cells: dict[str, dict] = {}
         self._spans: dict[str, tuple[int, int]] = {}
         self._stamp: tuple | None = None
+        self._lines: dict[bytes, ParsedLine] = {}  # the parse of each line read, by digest
         self._lock = threading.Lock()
         self.refresh()
 
@@ -301,7 +335,7 @@ class RunView:
             return
         if not store.manifest_path.exists():
             st.problems.append(_problem(None, None, "no manifest.json: model and dataset hashes unknown"))
-        newest, spans, problems = read_results(store.results_path)
+        newest, spans, problems = read_results(store.results_path, self._lines)
         st.problems += problems
         if not store.results_path.exists():
             st.problems.append(_problem(None, None, "no results.jsonl yet: no question has finished"))
@@ -311,9 +345,9 @@ class RunView:
         if strays:
             st.problems.append(_problem(None, None, f"{len(strays)} results for questions not in questions.json "
                                                     f"(first: {strays[0]}); left out"))
-        st.results = {q: newest[q] for q in ids if q in newest}
+        st.results = {q: newest[q].result for q in ids if q in newest}
         st._spans = spans
-        st.cells = {q: question_cell(r) for q, r in st.results.items()}
+        st.cells = {q: newest[q].cell for q in st.results}
         st.run = LoadedRun(name=self.name, path=self.path, settings=settings, manifest=manifest,
                            question_ids=tuple(ids), results=tuple(st.results.values()))
 
