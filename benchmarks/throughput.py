@@ -2,7 +2,8 @@
 
 Rows (pick with --rows, comma-separated):
 
-  llama.cpp    the embedded llama.cpp back-end (Qwen2.5-Coder-1.5B), one question after another (`run`)
+  llama.cpp    the embedded llama.cpp back-end (`--llm embedded`: Qwen2.5-Coder-1.5B), one question after
+               another (`run`)
   hf-b1        transformers, Qwen2.5-Coder-0.5B (`--llm hf-0.5b`), `run_many` with a window of 1
   hf-b8        the same, `run_many` with a window of 8: each round's answers as one padded batch
   server-4     a llama.cpp server with 4 parallel slots through the OpenAI-compatible back-end,
@@ -12,11 +13,13 @@ Rows (pick with --rows, comma-separated):
                and says so in the row's name.
 
 Every row answers the same questions (the harness's seeded `--limit` sample, BM25 over the same
-corpus, built once), with the response cache off; model loading is timed apart and not counted.
+corpus, built once), with the response cache off; model loading and one warm-up request are timed
+apart and not counted.
 The last column is each row's throughput over the llama.cpp row's, measured in the same run.
 
     .venv/bin/python benchmarks/throughput.py [--limit 20] [--rows llama.cpp,hf-b1,hf-b8,server-4]
-        [--dataset hotpotqa-dev500] [--threads N] [--server-bin PATH | --server-url URL --server-model NAME]
+        [--dataset hotpotqa-dev500] [--threads N] [--llama-llm embedded] [--hf-llm hf-0.5b]
+        [--server-bin PATH | --server-url URL --server-model NAME] [--answers]
 """
 from __future__ import annotations
 
@@ -33,14 +36,15 @@ from dataclasses import dataclass
 
 from metarag.evaluate.harness import DatasetSpec, load_questions
 from metarag.evaluate.metrics import score_answer
+from metarag.llm.base import Decoding, generate
+from metarag.llm.registry import make_llm, parse_llm_spec
 from metarag.methods.registry import build_method
 from metarag.methods.runner import Runtime, run, run_many
 from metarag.pipeline import open_retriever
-from metarag.records import Trace
+from metarag.records import Message, Trace
 
 ROWS = ("llama.cpp", "hf-b1", "hf-b8", "server-4")
-LLAMA_MODEL = "qwen2.5-coder-1.5b-instruct"
-HF_MODEL = "qwen2.5-coder-0.5b-instruct"
+LLAMA_MODEL = "qwen2.5-coder-1.5b-instruct"  # what the server row serves: the llama.cpp row's model
 
 
 @dataclass
@@ -64,6 +68,8 @@ def main() -> None:
                         help="a preset; falls back to the shipped demo set when its files are absent")
     parser.add_argument("--rows", default=",".join(ROWS), help=f"comma-separated, of: {', '.join(ROWS)}")
     parser.add_argument("--threads", type=int, default=None, help="CPU threads of each back-end (default: all)")
+    parser.add_argument("--llama-llm", default="embedded", help="the llama.cpp row's --llm (default: embedded)")
+    parser.add_argument("--hf-llm", default="hf-0.5b", help="the transformers rows' --llm (default: hf-0.5b)")
     parser.add_argument("--server-bin", default=None, help="llama.cpp's llama-server binary, for server-4")
     parser.add_argument("--server-url", default=None, help="an OpenAI-compatible server already running")
     parser.add_argument("--server-model", default="qwen-1.5b", help="its model name (with --server-url)")
@@ -104,20 +110,24 @@ def main() -> None:
 
 
 def timed_row(name: str, detail: str, load: Callable[[], object], go: Callable[[object], list[Trace]]) -> Row:
+    """Load (and warm up with one short request: first-touch costs are not throughput), then time `go`."""
     start = time.perf_counter()
     llm = load()
+    generate(llm, (Message("user", "Say hi."),), Decoding(max_tokens=2))
     load_s = time.perf_counter() - start
     start = time.perf_counter()
     traces = go(llm)
     return Row(name, detail, load_s, time.perf_counter() - start, traces)
 
 
-def llama_row(questions, retriever, args) -> Row:
-    from metarag.llm.llama_cpp import LlamaCppLLM, LlamaCppSettings
+def local_llm(spec: str, args):
+    """The back-end `--llm spec` names, without the response cache: every row measures its model."""
+    return make_llm(parse_llm_spec(spec, n_threads=args.threads, response_cache=False))
 
+
+def llama_row(questions, retriever, args) -> Row:
     method = build_method("standard-rag")
-    return timed_row("llama.cpp", f"{LLAMA_MODEL}, in turn",
-                     lambda: LlamaCppLLM(LlamaCppSettings(embedded=LLAMA_MODEL, n_threads=args.threads)),
+    return timed_row("llama.cpp", f"--llm {args.llama_llm}, in turn", lambda: local_llm(args.llama_llm, args),
                      lambda llm: [run(method, q, Runtime(llm, retriever)) for q in questions])
 
 
@@ -126,15 +136,13 @@ _HF: list = []  # the hf rows share one loaded model: the second row's load time
 
 def hf_row(window: int) -> Callable:
     def measure(questions, retriever, args) -> Row:
-        from metarag.llm.hf import HFLLM, HFSettings
-
         def load():
             if not _HF:
-                _HF.append(HFLLM(HFSettings(embedded=HF_MODEL, n_threads=args.threads)))
+                _HF.append(local_llm(args.hf_llm, args))
             return _HF[0]
 
         method = build_method("standard-rag")
-        return timed_row(f"hf-b{window}", f"{HF_MODEL} through transformers, batch {window}", load,
+        return timed_row(f"hf-b{window}", f"--llm {args.hf_llm}, batch {window}", load,
                          lambda llm: run_many(method, questions, Runtime(llm, retriever), window=window))
     return measure
 
