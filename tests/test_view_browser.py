@@ -189,9 +189,9 @@ def test_bad_input_is_said_on_the_page(page, tmp_path, request):
         expect(unknown.locator(".step-note")).to_contain_text("unknown step kind 'telepathy'")
         expect(unknown.locator("pre.raw")).to_contain_text('"thought": "Rome?"')
         expect(page.locator('.step[data-kind="answer"]')).to_contain_text("Rome")
+        shoot(page, tmp_path, request, "view-bad-input")
         page.goto(server.url + "#/q/nope")
         expect(page.locator("#page-error")).to_contain_text("no run has a question with id 'nope'")
-        shoot(page, tmp_path, request, "view-bad-input")
 
 
 def test_failed_questions_and_reranked_passages(page, tmp_path, request):
