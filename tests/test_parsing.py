@@ -238,8 +238,8 @@ print(json.dumps(out))
 @pytest.mark.parametrize("name", READERS)
 def test_readers_take_linear_time(name):
     """120 KB of a repeated adversarial piece against 12 KB of it. A linear reader takes milliseconds
-    and a ratio near 10; the quadratic readers this replaced took 1-14 s on 12 KB already (47 s and
-    more on 120 KB). Ratios are compared only where the large run is long enough to time (0.2 s)."""
+    (well under 1 s on 120 KB); the quadratic readers this replaced took 1-14 s on 12 KB already
+    (47 s and more on 120 KB), so 10 s on 120 KB separates the two without timing noise."""
     try:
         done = subprocess.run([sys.executable, "-c", _TIMER, name, json.dumps(ADVERSARIAL)], capture_output=True,
                               text=True, timeout=120, check=True)
@@ -247,7 +247,9 @@ def test_readers_take_linear_time(name):
         pytest.fail(f"{name} did not read {len(ADVERSARIAL)} adversarial texts of 120 KB within 120 s")
     slow = []
     for piece, small, large in json.loads(done.stdout):
-        if large is None or large > 10.0 or (large > 0.2 and large / max(small, 1e-6) > 30):
+        # An absolute bound, 50x above what a linear reader needs on a loaded machine: a ratio
+        # between two millisecond timings is noise when other jobs share the cores.
+        if large is None or large > 10.0:
             slow.append((piece, small, large))
     assert not slow, f"{name} is superlinear on (piece, seconds on 12 KB, on 120 KB): {slow}"
 
