@@ -234,18 +234,17 @@ def _session(config: EvalConfig, store: RunStore, method: Method, dataset, resol
         store.write_json("manifest.json", manifest)
 
 
-def check_backend(backend, what: str) -> None:
-    """Fail in seconds, before the first question, when a back-end that can be down is down or
-    hung: anything with a `check()` verb (an OpenAI-compatible server, a remote retriever) is asked
-    once; an embedded model or a local index has none and passes."""
+def check_backend(backend, what: str, when: str = "before the first question") -> None:
+    """Fail in seconds when a back-end that can be down is down or hung: anything with a `check()`
+    verb (an OpenAI-compatible server, a remote retriever) is asked once; an embedded model or a
+    local index has none and passes. Asked before the first question and after each retryable failure."""
     check = getattr(backend, "check", None)
     if check is None:
         return
     try:
         check()
     except BackendError as exc:
-        raise BackendError(f"{what} health check failed before the first question: {exc}",
-                           retryable=exc.retryable) from None
+        raise BackendError(f"{what} health check failed {when}: {exc}", retryable=exc.retryable) from None
 
 
 def failure_summary(results: list[QuestionResult]) -> str | None:
@@ -275,6 +274,7 @@ def _run_questions(method: Method, todo: list[Question], runtime: Runtime, store
     lock = threading.Lock()
     streak: list[QuestionResult] = []  # the retryable failures since the last other outcome
     stopped: list[str] = []  # why the run stopped early, once it did
+    recheck: list[QuestionResult] = []  # a retryable failure not yet followed by a health check
 
     def finish(result: QuestionResult) -> None:
         nonlocal count
@@ -287,12 +287,24 @@ def _run_questions(method: Method, todo: list[Question], runtime: Runtime, store
             bar.update(1)
             if result.retryable:
                 streak.append(result)
+                recheck.append(result)
             else:
                 streak.clear()
         if on_result is not None:
             on_result(result)
 
     def stop() -> bool:
+        # After a retryable failure, ask the back-ends again (seconds): a server that died or hung
+        # mid-run stops the run now instead of costing each later question the client's own retries.
+        if recheck and not stopped and max_consecutive_failures > 0:
+            last = recheck[-1]
+            recheck.clear()
+            try:
+                check_backend(runtime.llm, "LLM", f"after {last.question_id} failed")
+                if runtime.retriever is not None:
+                    check_backend(runtime.retriever, "retriever", f"after {last.question_id} failed")
+            except BackendError as exc:
+                stopped.append(f"stopped: {exc} (its error: {last.error})")
         if not stopped and 0 < max_consecutive_failures <= len(streak):
             last = streak[-1]
             stopped.append(f"stopped after {len(streak)} consecutive questions failed with retryable errors, the "
