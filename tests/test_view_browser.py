@@ -57,7 +57,7 @@ def browser():
 
 
 @pytest.fixture
-def page(browser):
+def page(browser, tmp_path, request):
     context = browser.new_context(viewport={"width": 1500, "height": 1000})
     page = context.new_page()
     page.set_default_timeout(TIMEOUT_MS)
@@ -70,19 +70,32 @@ def page(browser):
     outside: list[str] = []
     page.route("**/*", lambda route: route.continue_() if route.request.url.startswith("http://127.0.0.1:")
                else (outside.append(route.request.url), route.abort()))
+    if os.environ.get("METARAG_BROWSER_THROTTLE"):  # slow the page's CPU down N times, to shake out races
+        page.context.new_cdp_session(page).send("Emulation.setCPUThrottlingRate",
+                                               {"rate": float(os.environ["METARAG_BROWSER_THROTTLE"])})
     yield page
+    try:  # the page as the test left it: the artifact to look at when a test failed
+        page.screenshot(path=str(tmp_path / "last-page.png"), full_page=True)
+        copy_out(request, tmp_path / "last-page.png", f"last-page-{request.node.name}.png")
+    except Exception:  # a page that cannot be drawn any more leaves no picture
+        pass
     context.close()
     assert not outside, f"the page asked for outside resources: {outside}"
     assert not errors, f"errors in the page: {errors}"
 
 
-def shoot(page, tmp_path: Path, request, name: str) -> Path:
-    path = tmp_path / f"{name}.png"
-    page.screenshot(path=str(path), full_page=True)
+def copy_out(request, path: Path, name: str) -> None:
+    """Also keep a screenshot under --screenshot-dir, when given."""
     target = request.config.getoption("--screenshot-dir")
     if target:
         Path(target).mkdir(parents=True, exist_ok=True)
-        shutil.copy(path, Path(target) / path.name)
+        shutil.copy(path, Path(target) / name)
+
+
+def shoot(page, tmp_path: Path, request, name: str) -> Path:
+    path = tmp_path / f"{name}.png"
+    page.screenshot(path=str(path), full_page=True)
+    copy_out(request, path, path.name)
     assert path.stat().st_size > 10_000  # a page was drawn, not a blank
     return path
 
