@@ -46,6 +46,7 @@ from metarag.llm.base import Decoding
 from metarag.llm.registry import LLMSpec, parse_llm_spec
 from metarag.methods.actions import Action, Ask, Assess, Note, Probe, Search
 from metarag.methods.evidence import evidence_prompt, format_passages
+from metarag.methods.fixed_point import LoopState
 from metarag.methods.runner import Policy
 from metarag.parsing import clean_answer, parse_decision, strip_label
 from metarag.records import Hit, Passage, Question
@@ -133,6 +134,10 @@ class EvoCtxSettings:
     LLaMA-3.1-8B generator). `confidence_probe` records Table 8's sufficiency probe each round.
     `oracle` also computes, when the question has gold answers, the oracle margin of Figure 4 (the
     gold answer against the same boundary; analysis only, it never steers the run).
+    `decision_max_tokens` = 192 bounds the decision model's reasoning trace (this toolkit's choice; the
+    paper gives none). `stop_at_fixed_point` ends the rounds when one would start from the context and
+    sub-queries of an earlier round (greedy decoding only; the answer is the one the full T rounds give,
+    see `methods/fixed_point.py`); False runs all rounds as the paper does.
     """
 
     k: int = setting(5, ge=1)
@@ -152,6 +157,7 @@ class EvoCtxSettings:
     answer_max_tokens: int = setting(32, ge=1)
     confidence_probe: bool = True
     oracle: bool = False
+    stop_at_fixed_point: bool = True
 
     def __post_init__(self) -> None:
         check_ranges(self)
@@ -192,7 +198,17 @@ class EvoCtx:
         context = extend_context([], hits, s.context_budget_tokens, s.context_keep)
         subqueries: list[str] = []
         gold = question.answers[0] if s.oracle and question.answers else ""
+        states: list[tuple[list[Hit], list[str]]] = [([], [])]  # (C_i, U_i) at the start of round i (0: unused)
         for round_ in range(1, s.T + 1):
+            if s.stop_at_fixed_point:
+                # what every later prompt and the boundary see: the context passages and the sub-queries
+                # (passages retrieved but cut by the budget reach no prompt, so they are not part of it)
+                state = (tuple((h.passage.id, h.passage.title, h.passage.text) for h in context), tuple(subqueries))
+                fixed = yield LoopState(state, round_, s.T + 1)
+                if fixed is not None:  # the full T rounds would end in the state round `ends_as` started from
+                    context, subqueries = states[fixed.ends_as]
+                    break
+                states.append((list(context), list(subqueries)))
             passages = format_passages(context)
             listed = format_subqueries(subqueries)
             if s.confidence_probe:

@@ -30,6 +30,7 @@ from metarag.llm.base import Decoding
 from metarag.methods.actions import Ask, Note, Search
 from metarag.methods.evidence import evidence_prompt, format_passages
 from metarag.methods.evoctx import CONTEXT_KEEP, extend_context
+from metarag.methods.fixed_point import LoopState
 from metarag.methods.runner import Policy
 from metarag.parsing import clean_answer, final_after, parse_step
 from metarag.records import Hit, Question
@@ -78,7 +79,9 @@ class IterDRAGSettings:
     "Yes" to 8 of them, 7 of which are not yes/no questions; "answer" scored 30 / 35.5 EM / F1 with
     2.15 retrieval calls against 15 / 22.5 with 8.6 for "retrieve". IterDRAG's demonstrations never
     repeat a follow-up, so ending there is what its prompt format asks for. step/answer max tokens
-    bound each generation.
+    bound each generation. `stop_at_fixed_point`: the shared rule (`methods/fixed_point.py`) on the
+    context and the chain; it cannot fire as the loop stands, since every step that goes on adds a
+    follow-up and its answer to the chain, so no step starts from an earlier one's state.
     """
 
     k: int = setting(5, ge=1)
@@ -89,6 +92,7 @@ class IterDRAGSettings:
     on_repeat: str = "answer"
     step_max_tokens: int = setting(64, ge=1)
     answer_max_tokens: int = setting(32, ge=1)
+    stop_at_fixed_point: bool = True
 
     def __post_init__(self) -> None:
         check_ranges(self)
@@ -116,7 +120,15 @@ class IterDRAG:
         seen = {h.passage.id for h in hits}
         context: list[Hit] = extend_context([], hits, s.context_budget_tokens, s.context_keep)
         chain: list[tuple[str, str]] = []
+        states: list[tuple[list[Hit], list[tuple[str, str]]]] = [([], [])]  # at the start of step i (0: unused)
         for round_ in range(1, s.T + 1):
+            if s.stop_at_fixed_point:  # what the next prompts see: the context passages and the chain
+                state = (tuple((h.passage.id, h.passage.title, h.passage.text) for h in context), tuple(chain))
+                fixed = yield LoopState(state, round_, s.T + 1)
+                if fixed is not None:  # the full T steps would end in the state step `ends_as` started from
+                    context, chain = states[fixed.ends_as]
+                    break
+                states.append((list(context), list(chain)))
             task = STEP_TASK.format(question=question.text, chain=format_chain(chain))
             out = yield Ask("follow-up", evidence_prompt(format_passages(context), task),
                             Decoding(max_tokens=s.step_max_tokens, stop=("Intermediate answer",)))

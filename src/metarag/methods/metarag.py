@@ -28,19 +28,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from metarag.errors import ConfigError
 from metarag.judges.llm_judges import ReasoningCheck, external_sufficiency, internal_sufficiency
 from metarag.judges.models import make_entailment, make_expert
 from metarag.judges.similarity import AnswerSimilarity
 from metarag.llm.base import Decoding
 from metarag.methods.actions import Ask, Assess, Note, Search
 from metarag.methods.evidence import evidence_prompt, format_passages
+from metarag.methods.fixed_point import LoopState
 from metarag.methods.runner import Policy
 from metarag.parsing import clean_answer, marked_answer
 from metarag.records import Hit, Message, Question
 from metarag.settings import check_ranges, setting
 
 REASON_TASK = ("Question: {question}\n{guidance}"
-               "Think step by step in at most three short sentences, then give the final answer on a last "
+               "Think step by step in {length}, then give the final answer on a last "
                "line of the form 'Answer: <short answer>' (a name, a date, a number, a short phrase, or "
                "yes/no).")
 REWRITE_TASK = ("Question: {question}\nThe passages above miss information needed to answer the question. "
@@ -70,6 +72,11 @@ class MetaRAGSettings:
     `expert` "llm" is an extractive LLM reader standing in for the fine-tuned T5-large expert ("qa:PATH"
     for a Hugging Face extractive-QA directory). `entailment` "llm" is a label-probability judge standing
     in for the T5-XXL NLI model ("cross-encoder:PATH" for an NLI CrossEncoder directory).
+    The reasoner's budget: `reason_max_tokens` = 160 tokens and `reason_length`, the length its prompt
+    asks for ("Think step by step in <reason_length>, then ..."), this toolkit's choices (the study gives
+    neither); sweep both for the cost-quality curve. `stop_at_fixed_point` ends the loop when an iteration
+    would start from the evidence and guidance of an earlier one (greedy decoding only; the answer is
+    the one the full loop gives, see `methods/fixed_point.py`); False runs the papers' full loop.
     """
 
     k: int = setting(5, ge=1)
@@ -80,10 +87,15 @@ class MetaRAGSettings:
     entailment: str = "llm"
     entailment_threshold: float = setting(0.5, ge=0, le=1)
     reason_max_tokens: int = setting(160, ge=1)
+    reason_length: str = "at most three short sentences"
     query_max_tokens: int = setting(32, ge=1)
+    stop_at_fixed_point: bool = True
 
     def __post_init__(self) -> None:
         check_ranges(self)
+        if not self.reason_length.strip():
+            raise ConfigError("MetaRAGSettings setting 'reason_length' must name a length, e.g. "
+                              "'at most three short sentences'")
 
 
 class MetaRAG:
@@ -101,40 +113,49 @@ class MetaRAG:
     def policy(self, question: Question) -> Policy:
         s = self.settings
         hits: list[Hit] = list((yield Search(question.text, s.k)))
-        answer, rationale = yield from self._reason(question, hits, guidance="")
-        for round_ in range(1, s.max_iter + 1):
-            passages = format_passages(hits)
-            reference = yield Assess(self.expert, {"question": question.text, "passages": passages})
-            monitor = yield Assess(self.monitor, {"answer": answer, "reference": reference.verdict})
-            if monitor.verdict == "accept":
-                break
-            yield Note("ms-transition", "evaluate", (("round", float(round_)), ("similarity", monitor.score)))
-            inputs = {"question": question.text, "passages": passages, "answer": answer, "rationale": rationale}
-            check = yield Assess(self.reasoning, inputs)
-            internal = yield Assess(self.internal, {"question": question.text})
-            external = yield Assess(self.external, inputs)
-            entailed = None
-            if internal.verdict == "sufficient" and external.verdict == "sufficient":
-                entailed = yield Assess(self.entailment, inputs)
-            plan = choose_plan(internal.verdict == "sufficient", external.verdict == "sufficient",
-                               None if entailed is None else entailed.verdict == "entailed")
-            yield Note("plan", plan, (("round", float(round_)),))
-            if plan in ("rewrite", "decompose"):
-                task = REWRITE_TASK if plan == "rewrite" else DECOMPOSE_TASK
-                out = yield Ask(f"{plan}-query", evidence_prompt(passages, task.format(question=question.text)),
-                                Decoding(max_tokens=s.query_max_tokens, stop=("\n",)))
-                query = clean_answer(out.text) or question.text
-                seen = frozenset(h.passage.id for h in hits)
-                new = yield Search(query, s.k, exclude=seen)
-                hits.extend(h for h in new if h.passage.id not in seen)
-            guidance = SUGGESTIONS[plan] + (f" Critic feedback: {check.detail}" if check.detail else "")
-            answer, rationale = yield from self._reason(question, hits, guidance=guidance + "\n")
-        return answer
+        answers: list[str] = []  # the reasoner's answer of each iteration (0: the cognitive space's first)
+        guidance = rationale = ""
+        for iteration in range(s.max_iter + 1):
+            if iteration:  # round `iteration` of the metacognitive space judges the last answer
+                answer, passages = answers[-1], format_passages(hits)
+                reference = yield Assess(self.expert, {"question": question.text, "passages": passages})
+                monitor = yield Assess(self.monitor, {"answer": answer, "reference": reference.verdict})
+                if monitor.verdict == "accept":
+                    break
+                yield Note("ms-transition", "evaluate", (("round", float(iteration)), ("similarity", monitor.score)))
+                inputs = {"question": question.text, "passages": passages, "answer": answer, "rationale": rationale}
+                check = yield Assess(self.reasoning, inputs)
+                internal = yield Assess(self.internal, {"question": question.text})
+                external = yield Assess(self.external, inputs)
+                entailed = None
+                if internal.verdict == "sufficient" and external.verdict == "sufficient":
+                    entailed = yield Assess(self.entailment, inputs)
+                plan = choose_plan(internal.verdict == "sufficient", external.verdict == "sufficient",
+                                   None if entailed is None else entailed.verdict == "entailed")
+                yield Note("plan", plan, (("round", float(iteration)),))
+                if plan in ("rewrite", "decompose"):
+                    task = REWRITE_TASK if plan == "rewrite" else DECOMPOSE_TASK
+                    out = yield Ask(f"{plan}-query", evidence_prompt(passages, task.format(question=question.text)),
+                                    Decoding(max_tokens=s.query_max_tokens, stop=("\n",)))
+                    query = clean_answer(out.text) or question.text
+                    seen = frozenset(h.passage.id for h in hits)
+                    new = yield Search(query, s.k, exclude=seen)
+                    hits.extend(h for h in new if h.passage.id not in seen)
+                guidance = SUGGESTIONS[plan] + (f" Critic feedback: {check.detail}" if check.detail else "") + "\n"
+            if s.stop_at_fixed_point:
+                # the next reasoning prompt is the evidence and the guidance (plan and critic feedback)
+                state = (tuple(h.passage.id for h in hits), guidance)
+                fixed = yield LoopState(state, iteration, s.max_iter)
+                if fixed is not None:
+                    return answers[fixed.ends_as]
+            answer, rationale = yield from self._reason(question, hits, guidance=guidance)
+            answers.append(answer)
+        return answers[-1]
 
     def _reason(self, question: Question, hits: list[Hit], guidance: str):
         """The cognitive-space reasoner: rationale, then 'Answer: ...' (the fixed extraction rule)."""
         yield Note("iteration", "reason")
-        task = REASON_TASK.format(question=question.text, guidance=guidance)
+        task = REASON_TASK.format(question=question.text, guidance=guidance, length=self.settings.reason_length)
         prompt = evidence_prompt(format_passages(hits), task)
         out = yield Ask("reason", prompt, Decoding(max_tokens=self.settings.reason_max_tokens))
         answer = marked_answer(out.text)

@@ -2,6 +2,10 @@
 with its Usage and returns the Traces. The CLI, the evaluation harness and any UI all call `run`
 (one question) or `run_many` (many in lockstep, their model calls batched); `run` is `run_many` of one.
 
+An iterative method's `LoopState` action is answered here too, by the one fixed-point rule
+(`methods/fixed_point.py`): stop when an iteration would start from a state already seen, under
+deterministic decoding.
+
 Every model call of a run is a step of its trace: a judge that asks a model (`Assess`) and an LLM
 reranker (after each Search) run as sub-policies inside the method's policy (`_expanded`), so their
 Ask / Probe actions are batched, sampled, cached and recorded like the method's own.
@@ -21,6 +25,7 @@ from metarag.errors import BackendError, ConfigError, MetaRAGError
 from metarag.llm.base import LLM, Decoding, TokenIds
 from metarag.llm.batch import generate_many, score_many
 from metarag.methods.actions import Action, Ask, Assess, Note, Probe, Search
+from metarag.methods.fixed_point import LoopState, LoopStates
 from metarag.records import (
     Answer,
     Completion,
@@ -140,6 +145,7 @@ class _Rollout:
     action: Any = None
     asks: int = 0  # Asks made so far: the n of the next one's request seed
     trace: Trace | None = None
+    loop: LoopStates = field(default_factory=LoopStates)  # its loop states, for the fixed-point rule
 
 
 def run_many(method: Method, questions: Sequence[Question], runtime: Runtime, *,
@@ -199,7 +205,10 @@ def run_many(method: Method, questions: Sequence[Question], runtime: Runtime, *,
                 outcome = outcomes.get(rollout.index)
                 if outcome is None:  # Search, Note, a sub-policy's record: carried out now, in question order
                     try:
-                        outcome = execute(rollout.action, runtime)
+                        if isinstance(rollout.action, LoopState):  # the fixed-point rule (methods/fixed_point.py)
+                            outcome = rollout.loop.check(rollout.action, rollout.sampling is not None)
+                        else:
+                            outcome = execute(rollout.action, runtime)
                     except Exception as exc:
                         outcome = exc
                 if isinstance(outcome, Exception):
@@ -260,6 +269,7 @@ def _model_round(active: list[_Rollout], runtime: Runtime) -> dict[int, tuple[li
         if rollout.sampling is not None:
             decoding = rollout.sampling.decoding(decoding, rollout.asks)
         rollout.asks += 1
+        rollout.loop.sampled |= decoding.temperature > 0  # a sampled question never stops at a fixed point
         decodings[rollout.index] = decoding
     outcomes: dict[int, tuple[list[Step], Any] | Exception] = {}
     for model, group in _by_model(asks).items():
