@@ -95,7 +95,8 @@ def check_llama_build() -> Check:
     detail = (f"llama-cpp-python {version.strip()}, {how}; compiled CPU features: {simd or 'none'}; "
               f"AMX kernels compiled in: {'yes' if amx else 'no'}; this CPU has AMX: {'yes' if has_amx_cpu else 'no'}")
     if amx and has_amx_cpu:
-        return Check("llama.cpp build", False, f"{detail}. llama.cpp's AMX kernels crash on Q4_K_M weights; {REBUILD}")
+        return Check("llama.cpp build", False, f"{detail}. llama.cpp's AMX kernels crash on AMX CPUs (SIGSEGV in decode on "
+                                                f"Q4_K_M weights, or SIGILL); {REBUILD}")
     return Check("llama.cpp build", True, detail)
 
 
@@ -161,8 +162,11 @@ def diagnose_crash(returncode: int, stderr: str) -> str:
                      else "llama.cpp crashed in decode")
             return f"the decode died with SIGSEGV: {cause}; {REBUILD}"
         if sig == "SIGILL":
-            return (f"the decode died with SIGILL: this llama.cpp was built for a CPU with instructions this one "
-                    f"lacks (a wheel from another machine); {REBUILD}")
+            cause = ("llama.cpp's AMX kernels on this AMX CPU (an AMX build dies so where the kernel does not "
+                     "grant the process AMX state), or a wheel built for another CPU" if "amx_int8" in cpu_flags()
+                     else "this llama.cpp was built for a CPU with instructions this one lacks (a wheel from "
+                          "another machine)")
+            return f"the decode died with SIGILL: {cause}; {REBUILD}"
         return f"the decode died with {sig}; {REBUILD}"
     last = [line for line in stderr.strip().splitlines() if line.strip()]
     return f"the decode failed: {last[-1] if last else f'exit {returncode}'}"
