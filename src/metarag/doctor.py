@@ -95,8 +95,8 @@ def check_llama_build() -> Check:
     detail = (f"llama-cpp-python {version.strip()}, {how}; compiled CPU features: {simd or 'none'}; "
               f"AMX kernels compiled in: {'yes' if amx else 'no'}; this CPU has AMX: {'yes' if has_amx_cpu else 'no'}")
     if amx and has_amx_cpu:
-        return Check("llama.cpp build", False, f"{detail}. llama.cpp's AMX kernels crash on AMX CPUs (SIGSEGV in decode on "
-                                                f"Q4_K_M weights, or SIGILL); {REBUILD}")
+        why = "llama.cpp's AMX kernels crash on AMX CPUs (SIGSEGV in decode on Q4_K_M weights, or SIGILL)"
+        return Check("llama.cpp build", False, f"{detail}. {why}; {REBUILD}")
     return Check("llama.cpp build", True, detail)
 
 
