@@ -1,6 +1,9 @@
 """Readable renderings of trace steps for the terminal: one line per step, then the answer."""
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+from metarag.evaluate.cost import served_usage
 from metarag.records import Answer, Decide, Generate, Judge, Rerank, Retrieve, Score, Step, Trace, Usage
 
 
@@ -51,9 +54,21 @@ def format_trace(trace: Trace, *, header_only: bool = False) -> str:
     """The whole trace (or, with header_only, the summary after live step lines were printed)."""
     lines = [] if header_only else [f"Q: {trace.question}  [{trace.method}]",
                                     *(format_step(s) for s in trace.steps)]
-    u = trace.usage
     lines.append(f"Answer: {trace.answer}" if trace.error is None else f"Error: {trace.error}")
-    lines.append(f"Total: {u.latency_s:.2f} s, {u.llm_requests} LLM requests, {u.prompt_tokens} prompt + "
-                 f"{u.completion_tokens} completion tokens ({u.cached_tokens} cached), "
-                 f"{u.retrieval_calls} retrieval calls")
+    lines.append(format_totals(trace.steps))
     return "\n".join(lines)
+
+
+def format_totals(steps: Sequence[Step]) -> str:
+    """The totals line: all requests (as the papers count them), then what the model served apart from
+    what metarag's response cache answered, with the model-served tokens and time."""
+    u = sum((s.usage for s in steps), Usage())
+    line = (f"Total: {u.latency_s:.2f} s, {u.llm_requests} LLM requests, {u.prompt_tokens} prompt + "
+            f"{u.completion_tokens} completion tokens ({u.cached_tokens} cached), "
+            f"{u.retrieval_calls} retrieval calls")
+    if u.cache_hits:
+        served = served_usage(steps)
+        line += (f"\nServed by the model: {served.llm_requests} of the {u.llm_requests} requests "
+                 f"({u.cache_hits} from the response cache), {served.prompt_tokens} prompt + "
+                 f"{served.completion_tokens} completion tokens, {served.latency_s:.2f} s")
+    return line

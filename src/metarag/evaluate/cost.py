@@ -4,14 +4,20 @@ Prices are US dollars per million tokens, input and output priced separately, lo
 exact model name (the server's model name, or the GGUF's name for llama.cpp). A model not in the
 table costs nothing when it runs locally (llama.cpp) and is reported as unknown (None) otherwise,
 never guessed.
+
+Requests are counted twice: all of them (what the papers' tables count) and the model-served ones
+(`served_usage`), leaving out those metarag's response cache answered, whose tokens are the original
+request's and whose latency is a lookup's.
 """
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 from metarag.errors import DataError
+from metarag.records import Step, Usage
 
 
 @dataclass(frozen=True)
@@ -73,3 +79,21 @@ def load_price_table(path: str | Path) -> dict[str, Price]:
     if not isinstance(raw, dict):
         raise DataError("price table must be a JSON object of model name -> prices", path=str(path))
     return table
+
+
+def served_usage(steps: Iterable[Step]) -> Usage:
+    """The part of the steps' cost the model (and the retriever, and any judge that computes) really
+    served: every step's Usage, less the requests the response cache answered. A step whose requests
+    all came from the cache counts nothing; a step of several requests with some cached (a reranker's)
+    counts the served share of its tokens and latency. `llm_requests` is the served count; `cache_hits` 0."""
+    total = Usage()
+    for step in steps:
+        u = step.usage
+        if not u.cache_hits:
+            total += u
+            continue
+        served = max(u.llm_requests - u.cache_hits, 0)
+        share = served / u.llm_requests if u.llm_requests else 0.0
+        total += Usage(round(u.prompt_tokens * share), round(u.completion_tokens * share),
+                       round(u.cached_tokens * share), u.latency_s * share, served, u.retrieval_calls, 0)
+    return total

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from metarag.errors import ConfigError, DataError
-from metarag.evaluate.cost import Price, model_name, price_for
+from metarag.evaluate.cost import Price, model_name, price_for, served_usage
 from metarag.evaluate.runs import QuestionResult, RunStore
 from metarag.evaluate.stats import (
     TestResult,
@@ -66,6 +66,9 @@ def summarize(run: LoadedRun, prices: dict[str, Price] | None = None) -> dict:
     # a lookup's, which would make a resumed or repeated run look faster than the model is
     fresh = [s.usage for r in results for s in r.trace.steps if s.usage.llm_requests and not s.usage.cache_hits]
     llm_latency = sum(u.latency_s for u in fresh)
+    # what the model served: the requests metarag's response cache answered (a repeated prompt, a
+    # resumed run) left out of requests, tokens and latency; the totals above are the papers' counts
+    served = [served_usage(r.trace.steps) for r in results]
     identity = run.manifest.get("model_identity") or ""
     price = price_for(identity, prices) if identity else None
     recall = [r.support_recall for r in results if r.support_recall is not None]
@@ -95,20 +98,30 @@ def summarize(run: LoadedRun, prices: dict[str, Price] | None = None) -> dict:
         "Rec": 100 * mean([r.scores.recall for r in results]),
         "Acc": 100 * mean([r.scores.acc for r in results]),
         "req/q": requests / n,
+        "served req/q": sum(u.llm_requests for u in served) / n,
+        "cached req/q": sum(u.cache_hits for u in usages) / n,
         "tok/req": (prompt + completion) / requests if requests else 0.0,
         "tok/q": (prompt + completion) / n,
         "prompt tok/q": prompt / n,
         "completion tok/q": completion / n,
         "cached tok/q": sum(u.cached_tokens for u in usages) / n,
         "cache hits/q": sum(u.cache_hits for u in usages) / n,
+        "served tok/q": sum(u.total_tokens for u in served) / n,
+        "served prompt tok/q": sum(u.prompt_tokens for u in served) / n,
+        "served completion tok/q": sum(u.completion_tokens for u in served) / n,
         "lat/req": llm_latency / len(fresh) if fresh else None,
         "lat/q": sum(u.latency_s for u in usages) / n,
+        # a question's time without the cache's lookups: served requests, retrieval, judges that compute
+        "served lat/q": sum(u.latency_s for u in served) / n,
+        "steps/q": sum(len(r.trace.steps) for r in results) / n,
         "retr/q": sum(u.retrieval_calls for u in usages) / n,
         # distinct passages, as the EvoCtx paper's Table 5 counts them (a passage retrieved again counts once)
         "passages/q": sum(len(r.trace.retrieved_ids()) for r in results) / n,
         "support recall": None if not recall else 100 * mean(recall),
         "first recall": None if not first else 100 * mean(first),
         "USD": None if price is None else price.cost(prompt, completion),
+        "served USD": None if price is None else price.cost(sum(u.prompt_tokens for u in served),
+                                                            sum(u.completion_tokens for u in served)),
         **{f"{name}/q": count / n for name, count in sorted(decisions.items())},
         # each method setting, so `--columns set:threshold` tells apart runs of one method
         **{f"set:{key}": value for key, value in (run.settings.get("method_settings") or {}).items()
@@ -143,8 +156,9 @@ def significance(baseline: LoadedRun, other: LoadedRun, metric: str, test: str =
     return approximate_randomization(mine, theirs, n_resamples=n_resamples, seed=seed)
 
 
+# requests, tokens and latency both as the papers count them (all requests) and as the model served them
 COLUMNS = ("method", "retriever", "model", "dataset", "n", "failed", "EM", "F1", "Prec", "Rec", "Acc", "req/q",
-           "tok/req", "lat/req", "retr/q", "USD")
+           "served req/q", "cached req/q", "tok/req", "served tok/q", "lat/req", "served lat/q", "retr/q", "USD")
 FAILED_MARK = " !"  # on the `failed` cell of a run with failed questions; a note under the table names them
 
 

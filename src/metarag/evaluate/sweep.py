@@ -1,6 +1,7 @@
 """`metarag sweep`: one evaluation per point of a settings grid, reported like the reproducibility
-study's Table 3 (EM, F1 and per-question counts for each value). Each point is an ordinary run
-folder, so a sweep resumes point by point."""
+study's Table 3 (EM, F1 and per-question counts for each value), with the model-served requests,
+tokens and latency per question: a cost-quality curve (e.g. `--vary reason_max_tokens=64,160`).
+Each point is an ordinary run folder, so a sweep resumes point by point."""
 from __future__ import annotations
 
 import itertools
@@ -11,6 +12,14 @@ from metarag.errors import ConfigError
 from metarag.evaluate.harness import EvalConfig, evaluate
 from metarag.evaluate.report import load_run, summarize
 from metarag.methods.registry import method_settings
+
+# Cost columns of a sweep's table: requests as the papers count them and as the model served them,
+# and the model-served tokens and latency per question (the cost axis of a cost-quality curve).
+COST_COLUMNS = ("req/q", "served req/q", "cached req/q", "served tok/q", "served lat/q", "retr/q")
+# Per-question columns of `summarize` that are no decision count (those follow the cost columns).
+SUMMARY_PER_QUESTION = ("req/q", "retr/q", "lat/q", "prompt tok/q", "completion tok/q", "cached tok/q",
+                        "cache hits/q", "passages/q", "served req/q", "cached req/q", "served tok/q",
+                        "served prompt tok/q", "served completion tok/q", "served lat/q", "steps/q")
 
 
 def parse_vary(items: Sequence[str]) -> dict[str, list[str]]:
@@ -44,10 +53,8 @@ def sweep(config: EvalConfig, grid: Mapping[str, list[str]], *, progress: bool =
     for point in points:
         store, _ = evaluate(replace(config, overrides={**config.overrides, **point}), progress=progress)
         rows.append({**point, **summarize(load_run(store.path))})
-    extra = sorted({k for row in rows for k in row if k.endswith("/q") and k not in
-                    ("req/q", "retr/q", "lat/q", "prompt tok/q", "completion tok/q", "cached tok/q",
-                     "cache hits/q", "passages/q")})
-    columns = [*grid, "n", "failed", "EM", "F1", "req/q", "retr/q", *extra]
+    extra = sorted({k for row in rows for k in row if k.endswith("/q") and k not in SUMMARY_PER_QUESTION})
+    columns = [*grid, "n", "failed", "EM", "F1", *COST_COLUMNS, *extra]
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for row in rows:
         lines.append("| " + " | ".join(_cell(row.get(c)) for c in columns) + " |")
