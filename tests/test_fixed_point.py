@@ -451,3 +451,30 @@ def test_ask_totals_show_served_and_cached_requests():
 
 def test_sweep_table_has_the_served_cost_columns():
     assert COST_COLUMNS[:5] == ("req/q", "served req/q", "cached req/q", "served tok/q", "served lat/q")
+
+
+def test_a_sweep_over_the_reasoners_budget_tabulates_quality_against_served_cost(tmp_path, monkeypatch):
+    import metarag.evaluate.sweep as sweep_module
+    from metarag.evaluate.sweep import sweep
+    from metarag.llm.scripted import Rule
+
+    def llm():
+        script = metarag_sample_llm()
+        script.rules.insert(0, Rule("Give only the final short answer", [lambda p: pick(p, "final")]))
+        return script
+
+    real = sweep_module.evaluate
+    monkeypatch.setattr(sweep_module, "evaluate", lambda cfg, progress: real(cfg, progress=False, llm=llm()))
+    cfg = config(tmp_path, method="metarag", overrides={"similarity": "token-f1", "max_iter": "2"})
+    table, rows = sweep(cfg, {"reason_max_tokens": ["4", "160"]}, progress=False)
+    header = table.splitlines()[0]
+    assert header.startswith("| reason_max_tokens | n | failed | EM | F1 | req/q | served req/q | cached req/q | "
+                             "served tok/q | served lat/q | retr/q |")
+    short, full = rows
+    assert short["served completion tok/q"] < full["served completion tok/q"]
+    # 4 tokens cut the reasoning before its 'Answer:' line: each reasoning then asks for the answer alone
+    finalize = [s for r in load_run(tmp_path / "runs" / short["run"]).results for s in r.trace.steps
+                if isinstance(s, Generate) and s.purpose == "finalize"]
+    assert finalize and not [s for r in load_run(tmp_path / "runs" / full["run"]).results for s in r.trace.steps
+                             if isinstance(s, Generate) and s.purpose == "finalize"]
+    assert short["set:reason_max_tokens"] == 4 and full["set:reason_max_tokens"] == 160

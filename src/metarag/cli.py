@@ -86,10 +86,12 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--prices", default=None, metavar="JSON",
                     help='price table {"model": {"input_per_1m": USD, "output_per_1m": USD}}')
     rp.add_argument("--columns", default=None, metavar="A,B,...",
-                    help="the table's columns, by name (default: method,retriever,model,dataset,n,EM,F1,Prec,Rec,"
-                         "Acc,req/q,tok/req,lat/req,retr/q,USD; others: reranker, tok/q, passages/q, lat/q, "
-                         "prompt tok/q, cached tok/q, support recall, first recall, <decision>/q, "
-                         "set:<method setting>, ...)")
+                    help="the table's columns, by name (default: method,retriever,model,dataset,n,failed,EM,F1,"
+                         "Prec,Rec,Acc,req/q,served req/q,cached req/q,tok/req,served tok/q,lat/req,served lat/q,"
+                         "retr/q,USD; others: reranker, tok/q, passages/q, lat/q, steps/q, prompt tok/q, "
+                         "cached tok/q, served prompt tok/q, served completion tok/q, served USD, support recall, "
+                         "first recall, <decision>/q (fixed-point/q ...), set:<method setting>, ...; served = "
+                         "answered by the model, cached = by the response cache)")
     rp.add_argument("--breakdown", action="store_true",
                     help="also print each run's judge verdicts and decisions (study Table 2)")
     rp.add_argument("--analysis", choices=("evoctx",), default=None,
