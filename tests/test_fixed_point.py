@@ -478,3 +478,12 @@ def test_a_sweep_over_the_reasoners_budget_tabulates_quality_against_served_cost
     assert finalize and not [s for r in load_run(tmp_path / "runs" / full["run"]).results for s in r.trace.steps
                              if isinstance(s, Generate) and s.purpose == "finalize"]
     assert short["set:reason_max_tokens"] == 4 and full["set:reason_max_tokens"] == 160
+
+
+def test_the_viewer_cell_counts_served_and_cached_requests(tmp_path):
+    from metarag.view.loading import question_cell
+
+    first, second = known_run(tmp_path).results
+    assert (question_cell(first)["requests"], question_cell(first)["served_requests"],
+            question_cell(first)["cached_requests"]) == (3, 2, 1)
+    assert (question_cell(second)["served_requests"], question_cell(second)["cached_requests"]) == (0, 1)

@@ -196,6 +196,8 @@ def question_cell(result: QuestionResult) -> dict:
             "failed": result.failed, "retryable": result.retryable,
             "error": _one_line(result.error) if result.error else None,
             "requests": usage.llm_requests, "tokens": usage.total_tokens, "latency": usage.latency_s,
+            # of the requests: answered by the model, and by metarag's response cache
+            "served_requests": usage.llm_requests - usage.cache_hits, "cached_requests": usage.cache_hits,
             "retrievals": usage.retrieval_calls, "steps": len(result.trace.steps),
             "over_search": over, "under_search": under,
             "unreadable_steps": sum(isinstance(s, UnknownStep) for s in result.trace.steps)}

@@ -230,7 +230,7 @@ function answerCell(cell) {
   return h("td", { class: `answer ${cellClass(cell)}`, title: cell.error || "" },
     h("div", { class: "ans" }, cell.failed ? "failed" : (cell.answer || "(empty)"), flags),
     cell.failed ? h("div", { class: "metrics" }, short(cell.error, 80)) : null,
-    h("div", { class: "metrics" }, `EM ${fmt(cell.em)} · F1 ${fmt(cell.f1)} · ${cell.requests} req · ${cell.tokens} tok · ${fmt(cell.latency)} s`));
+    h("div", { class: "metrics" }, `EM ${fmt(cell.em)} · F1 ${fmt(cell.f1)} · ${cell.requests} req${cell.cached_requests ? ` (${cell.served_requests} served, ${cell.cached_requests} cached)` : ""} · ${cell.tokens} tok · ${fmt(cell.latency)} s`));
 }
 
 // ------------------------------------------------------------------------------- question page
@@ -270,7 +270,7 @@ function runColumn(run, data, supporting) {
     h("div", { class: "ans run-answer" }, "answer: ", r.error ? "(none)" : (r.prediction || "(empty)"),
       " ", r.error ? null : h("span", { class: "muted" }, `against ${data.golds.join(" | ")}`)),
     h("div", { class: "metrics" }, `EM ${fmt(r.scores.em)} · F1 ${fmt(r.scores.f1)} · support recall ${fmt(r.support_recall)}`,
-      ` (first round ${fmt(r.first_support_recall)}) · ${cell.requests} requests · ${cell.tokens} tokens · ${fmt(cell.latency)} s`),
+      ` (first round ${fmt(r.first_support_recall)}) · ${cell.requests} requests${cell.cached_requests ? ` (${cell.served_requests} served by the model, ${cell.cached_requests} by the response cache)` : ""} · ${cell.tokens} tokens · ${fmt(cell.latency)} s`),
     r.error ? h("pre", { class: "trace-error" }, r.error + (r.retryable ? "\n(retryable: a re-run tries it again)" : "")) : null));
   if (run.error) column.appendChild(h("div", { class: "run-error" }, run.error));
   if (!run.trace) return column;
