@@ -350,7 +350,7 @@ def test_serve_retriever_refuses_an_empty_host_before_loading_the_index(capsys):
 
 
 def test_listen_refuses_empty_host_and_bad_port_as_config_errors():
-    from metarag.retrieve.service import _listen
+    from metarag.retrieve.service import listen as _listen
 
     with pytest.raises(ConfigError, match="the host is empty"):
         _listen("", 0)

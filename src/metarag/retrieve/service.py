@@ -158,7 +158,7 @@ def serve(retriever: Retriever, host: str = "127.0.0.1", port: int = 8000, *, lo
     logged one by one (an evaluation sends thousands); start-up and errors are, at `log_level`.
     """
     _, uvicorn = _import_server()
-    sock = _listen(host, port)
+    sock = listen(host, port)
     config = uvicorn.Config(make_app(retriever), log_level=log_level, access_log=False)
     # Given a bound socket uvicorn does not say where it listens; its Config has set up its logger.
     where = f"[{host}]" if ":" in host else host
@@ -179,8 +179,10 @@ def check_address(host: str, port: int) -> None:
         raise ConfigError(f"the port must be an integer in 0..65535 (0: a free one), got {port!r}")
 
 
-def _listen(host: str, port: int) -> socket.socket:
-    """A socket bound to `host:port` (port 0: a free one), or BackendError saying why not."""
+def listen(host: str, port: int, what: str = "the retrieval service") -> socket.socket:
+    """A socket bound to `host:port` (port 0: a free one) and listening, or BackendError saying why
+    `what` cannot listen there. Connections made before the server accepts wait in the backlog, so
+    a caller may say "serving" as soon as this returns (the viewer uses it too)."""
     check_address(host, port)
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
@@ -190,7 +192,8 @@ def _listen(host: str, port: int) -> socket.socket:
     except (OSError, OverflowError, UnicodeError) as exc:  # gaierror for an unknown host name is an OSError
         sock.close()
         reason = getattr(exc, "strerror", None) or exc
-        raise BackendError(f"the retrieval service cannot listen on {host}:{port}: {reason}") from None
+        raise BackendError(f"{what} cannot listen on {host}:{port}: {reason}") from None
+    sock.listen(128)
     return sock
 
 
@@ -209,7 +212,7 @@ class BackgroundService:
         """Serve `retriever` on `host:port` (port 0: a free one, see `.port`) once it is listening."""
         _, uvicorn = _import_server()
         # Binding here, not in uvicorn, tells us the port the system chose for port 0.
-        sock = _listen(host, port)
+        sock = listen(host, port)
         bound_port = sock.getsockname()[1]
         config = uvicorn.Config(make_app(retriever), log_level="warning", access_log=False, lifespan="off")
         server = uvicorn.Server(config)

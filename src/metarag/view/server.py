@@ -304,21 +304,10 @@ def create_app(paths: Sequence[str | Path]) -> Any:
 
 
 def listen(host: str, port: int) -> socket.socket:
-    """A socket bound to host:port (0: a free port), or BackendError saying why not."""
-    from metarag.retrieve.service import check_address
+    """A socket bound to host:port (0: a free port) and listening, or BackendError saying why not."""
+    from metarag.retrieve.service import listen as bind_and_listen
 
-    check_address(host, port)
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except (OSError, OverflowError, UnicodeError) as exc:
-        sock.close()
-        raise BackendError(f"the viewer cannot listen on {host}:{port}: {getattr(exc, 'strerror', None) or exc}") \
-            from None
-    sock.listen(128)  # connections made once `serving` is printed wait in the backlog until uvicorn accepts
-    return sock
+    return bind_and_listen(host, port, "the viewer")
 
 
 def url_of(host: str, sock: socket.socket) -> str:
