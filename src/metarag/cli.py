@@ -144,6 +144,17 @@ def build_parser() -> argparse.ArgumentParser:
     tc.add_argument("--quiet", action="store_true", help="no progress bar")
     add_llm_args(tc)
     tc.set_defaults(handler=cmd_train_critic)
+
+    dr = sub.add_parser("doctor", help="check the installation before a long run",
+                        description="Check llama.cpp's build and CPU features (AMX kernels compiled in or not), "
+                                    "each embedded model and its sha256, a one-token decode in a child process, "
+                                    "the dense encoder, and which optional extras are installed. Exits non-zero "
+                                    "on any failure.")
+    dr.add_argument("--no-decode", action="store_true", help="skip the one-token decode")
+    dr.add_argument("--no-encoder", action="store_true", help="skip loading the dense encoder")
+    dr.add_argument("--decode-model", default="qwen2.5-coder-1.5b-instruct",
+                    help="the embedded model of the decode check (default: qwen2.5-coder-1.5b-instruct)")
+    dr.set_defaults(handler=cmd_doctor)
     return parser
 
 
@@ -433,6 +444,16 @@ def cmd_train_critic(args: argparse.Namespace) -> int:
                           allow_any=args.allow_any, progress=not args.quiet)
     print(report.summary())
     return 0
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from metarag.doctor import report, run_checks
+    from metarag.llm.models import embedded_model
+
+    embedded_model(args.decode_model)  # an unknown name fails here, before any check runs
+    failures = report(run_checks(decode=not args.no_decode, encoder=not args.no_encoder,
+                                 decode_model=args.decode_model), show=lambda line: print(line, flush=True))
+    return 1 if failures else 0
 
 
 def llm_spec_from_args(args: argparse.Namespace):
