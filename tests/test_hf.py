@@ -97,6 +97,24 @@ def test_prompts_longer_than_the_context_are_refused(tiny):
         short.complete("The capital of France is Paris and Lyon is a city in France")
 
 
+@needs_torch
+def test_a_prompt_too_long_for_the_context_fails_only_its_own_place_in_a_batch(tiny):
+    from metarag.errors import BackendError
+    from metarag.llm.batch import generate_many, score_many
+    from metarag.llm.hf import HFLLM, HFSettings
+
+    short = HFLLM.from_model(tiny.model, tiny.tokenizer, identity="tiny", settings=HFSettings(n_ctx=24))
+    long = "The capital of France is Paris and Lyon is a city in France. " * 4
+    prompts = ["The capital of France is", long, "Lyon is"]
+    out = generate_many(short, prompts, [Decoding(max_tokens=3)] * 3)
+    assert isinstance(out[1], BackendError) and "does not fit the context of 24 tokens" in str(out[1])
+    assert [c.token_ids for c in (out[0], out[2])] == \
+        [short.complete(p, Decoding(max_tokens=3)).token_ids for p in (prompts[0], prompts[2])]
+    scored = score_many(short, prompts, [("Yes", "No")] * 3)
+    assert isinstance(scored[1], BackendError)
+    assert scored[0].probs == pytest.approx(short.score_labels(prompts[0], ("Yes", "No")).probs, rel=1e-4)
+
+
 def test_one_spec_string_names_every_back_end():
     assert parse_llm_spec("hf") == LLMSpec(backend="hf")
     assert parse_llm_spec("hf-0.5b").backend == "hf-0.5b"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import random
+import re
 import threading
 import time
 
@@ -166,7 +167,7 @@ def test_mixed_label_sets_in_one_round_go_as_one_batch_each():
     assert llm.batches == [("score", 2), ("score", 2)]
 
 
-def test_a_batch_that_fails_fails_each_of_its_questions_and_records_retryability():
+def test_a_batch_that_fails_everywhere_fails_each_question_and_records_retryability():
     class DownLLM(BatchingLLM):
         def generate_batch(self, prompts, decodings):
             raise BackendError("server down", retryable=True)
@@ -175,6 +176,57 @@ def test_a_batch_that_fails_fails_each_of_its_questions_and_records_retryability
                       Runtime(DownLLM(label_rules=[("known", {"Yes": 1.0})])))
     assert [t.error for t in traces] == ["BackendError: server down"] * 2
     assert all(t.retryable for t in traces)
+
+
+class PickyLLM(BatchingLLM):
+    """A batching back-end that refuses a whole batch holding a prompt about "bad" (as transformers
+    does for one prompt too long for the context)."""
+
+    def generate_batch(self, prompts, decodings):
+        self.batches.append(("generate", len(prompts)))
+        if any("bad" in str(p) for p in prompts):
+            raise BackendError("prompt does not fit the context")
+        return [generate(self, p, d) for p, d in zip(prompts, decodings)]
+
+
+def test_one_bad_prompt_in_a_batch_fails_only_its_own_question():
+    questions = [Question(f"q{i}", "bad" if i == 5 else f"w{i}") for i in range(8)]
+
+    class OneAsk:
+        name = "one-ask"
+
+        def policy(self, question):
+            out = yield Ask("answer", (Message("user", f"Say {question.text}"),))
+            return out.text
+
+    llm = PickyLLM([("Say", lambda p: re.search(r"Say (\S+)", p).group(1))])
+    traces = run_many(OneAsk(), questions, Runtime(llm))
+    assert [t.answer for t in traces] == [f"w{i}" if i != 5 else None for i in range(8)]
+    assert traces[5].error == "BackendError: prompt does not fit the context" and not traces[5].retryable
+    # halves, then halves of the failing half (q4-q7, then q4-q5): the good prompts still go batched
+    assert llm.batches == [("generate", 8), ("generate", 4), ("generate", 4), ("generate", 2), ("generate", 1),
+                           ("generate", 1), ("generate", 2)]
+
+
+def test_a_back_end_that_checks_prompts_batches_only_those_that_pass():
+    class Checking(PickyLLM):
+        def check_prompt(self, prompt):
+            if "bad" in str(prompt):
+                raise BackendError("prompt of 9000 tokens does not fit the context")
+
+    class Probe2:
+        name = "probe2"
+
+        def policy(self, question):
+            scores = yield Probe("p", (Message("user", f"known {question.text}?"),))
+            out = yield Ask("answer", (Message("user", f"Say {question.text}"),))
+            return f"{scores.best()} {out.text}"
+
+    llm = Checking([("Say", lambda p: re.search(r"Say (\S+)", p).group(1))], [("known", {"Yes": 0.9, "No": 0.1})])
+    traces = run_many(Probe2(), [Question(i, t) for i, t in (("a", "w1"), ("b", "bad"), ("c", "w3"))], Runtime(llm))
+    assert [t.answer for t in traces] == ["Yes w1", None, "Yes w3"]
+    assert traces[1].error.startswith("BackendError: prompt of 9000 tokens") and len(traces[1].steps) == 0
+    assert llm.batches == [("score", 2), ("generate", 2)]
 
 
 def test_a_policy_bug_stops_only_its_own_question():

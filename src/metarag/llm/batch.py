@@ -2,7 +2,10 @@
 actions here. A back-end with `generate_batch` / `score_labels_batch` (transformers: one padded
 batch) gets them in one call; otherwise, with `workers` > 1, they go concurrently from a thread
 pool (an OpenAI-compatible server with parallel slots); otherwise in turn. A failed request fails
-only its own place in the result, which then holds the exception.
+only its own place in the result, which then holds the exception: a back-end with `check_prompt(prompt)`
+has each prompt checked alone first (too long for the context, a template error) and only those that
+pass batched; a batched call that still fails is split in halves, down to single requests, so only the
+request at fault fails.
 """
 from __future__ import annotations
 
@@ -31,7 +34,9 @@ def generate_many(llm: LLM, prompts: Sequence[Prompt], decodings: Sequence[Decod
         return llm.generate_many(prompts, decodings, workers=workers)
     batch = getattr(llm, "generate_batch", None)
     if batch is not None:
-        return _whole(partial(batch, list(prompts), list(decodings)), len(prompts), "generate_batch")
+        done = _batched(llm, lambda where: batch([prompts[i] for i in where], [decodings[i] for i in where]),
+                        prompts, list(range(len(prompts))), "generate_batch")
+        return [done[i] for i in range(len(prompts))]
     return _each([partial(generate, llm, p, d) for p, d in zip(prompts, decodings)], workers)
 
 
@@ -55,22 +60,45 @@ def score_many(llm: LLM, prompts: Sequence[Prompt], labels: Sequence[Sequence[st
         groups.setdefault(tuple(label_set), []).append(i)
     out: list[LabelScores | Exception] = [BackendError("not scored")] * len(prompts)
     for label_set, where in groups.items():
-        scored = _whole(partial(batch, [prompts[i] for i in where], label_set), len(where), "score_labels_batch")
-        for i, result in zip(where, scored):
+        scored = _batched(llm, lambda subset, label_set=label_set: batch([prompts[i] for i in subset], label_set),
+                          prompts, where, "score_labels_batch")
+        for i, result in scored.items():
             out[i] = result
     return out
 
 
-def _whole(call: Callable[[], Sequence[T]], n: int, name: str) -> list[T | Exception]:
-    """One batched call: its results, or its one exception in every place."""
+def _batched(llm: LLM, send: Callable[[list[int]], Sequence[T]], prompts: Sequence[Prompt], where: list[int],
+             name: str) -> dict[int, T | Exception]:
+    """The requests at `where`, sent as one batched call `send(subset)`. A back-end's `check_prompt`
+    first refuses, alone, each prompt it cannot take, so that one bad prompt never fails the batch."""
+    check = getattr(llm, "check_prompt", None)
+    out: dict[int, T | Exception] = {}
+    passed = []
+    for i in where:
+        refused = _attempt(partial(check, prompts[i])) if check is not None else None
+        if isinstance(refused, Exception):
+            out[i] = refused
+        else:
+            passed.append(i)
+    out.update(zip(passed, _split(send, passed, name)))
+    return out
+
+
+def _split(send: Callable[[list[int]], Sequence[T]], where: list[int], name: str) -> list[T | Exception]:
+    """One batched call over `where`; if it fails, each half again, so that a bad request fails only
+    its own place (a single request that fails holds its exception)."""
+    if not where:
+        return []
     try:
-        results = list(call())
+        results = list(send(where))
+        if len(results) != len(where):
+            raise BackendError(f"{name} returned {len(results)} results for {len(where)} requests")
+        return results
     except Exception as exc:  # recorded in each request's trace by the runner, like any failure
-        return [exc] * n
-    if len(results) != n:
-        error = BackendError(f"{name} returned {len(results)} results for {n} requests")
-        return [error] * n
-    return results
+        if len(where) == 1:
+            return [exc]
+    half = len(where) // 2
+    return _split(send, where[:half], name) + _split(send, where[half:], name)
 
 
 def _each(calls: list[Callable[[], T]], workers: int) -> list[T | Exception]:

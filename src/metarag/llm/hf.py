@@ -184,6 +184,11 @@ class HFLLM:
         return self.tokenizer.decode(list(ids), skip_special_tokens=False)
 
     # ----------------------------------------------------------------------------- batching
+    def check_prompt(self, prompt: Prompt) -> None:
+        """Raise the error this prompt alone would fail a batch with (longer than the context, no chat
+        template), so that `metarag.llm.batch` batches only the prompts that pass."""
+        self._prompt_ids(prompt)
+
     def generate_batch(self, prompts: Sequence[Prompt], decodings: Sequence[Decoding]) -> list[Completion]:
         """One completion per prompt, decoded together as one left-padded batch. Each completion's
         latency is its share of the batch's wall time, so a trace's sum is the time spent."""
