@@ -135,9 +135,9 @@ class EvoCtxSettings:
     `oracle` also computes, when the question has gold answers, the oracle margin of Figure 4 (the
     gold answer against the same boundary; analysis only, it never steers the run).
     `decision_max_tokens` = 192 bounds the decision model's reasoning trace (this toolkit's choice; the
-    paper gives none). `stop_at_fixed_point` ends the rounds when one would start from the context and
-    sub-queries of an earlier round (greedy decoding only; the answer is the one the full T rounds give,
-    see `methods/fixed_point.py`); False runs all rounds as the paper does.
+    paper gives none). `stop_at_fixed_point` ends the rounds when one would start from the context,
+    sub-queries and excluded passage ids of an earlier round (greedy decoding only; the answer is the
+    one the full T rounds give, see `methods/fixed_point.py`); False runs all rounds as the paper does.
     """
 
     k: int = setting(5, ge=1)
@@ -201,9 +201,11 @@ class EvoCtx:
         states: list[tuple[list[Hit], list[str]]] = [([], [])]  # (C_i, U_i) at the start of round i (0: unused)
         for round_ in range(1, s.T + 1):
             if s.stop_at_fixed_point:
-                # what every later prompt and the boundary see: the context passages and the sub-queries
-                # (passages retrieved but cut by the budget reach no prompt, so they are not part of it)
-                state = (tuple((h.passage.id, h.passage.title, h.passage.text) for h in context), tuple(subqueries))
+                # what every later prompt, the boundary and the next Search see: the context passages, the
+                # sub-queries and the ids the next Search excludes (among them passages retrieved but cut
+                # by the budget or dropped as copies, which reach no prompt but change what comes next)
+                state = (tuple((h.passage.id, h.passage.title, h.passage.text) for h in context), tuple(subqueries),
+                         tuple(sorted(seen)))
                 fixed = yield LoopState(state, round_, s.T + 1)
                 if fixed is not None:  # the full T rounds would end in the state round `ends_as` started from
                     context, subqueries = states[fixed.ends_as]
