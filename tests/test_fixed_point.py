@@ -281,6 +281,27 @@ def test_evoctx_passages_excluded_from_the_next_search_are_part_of_its_state():
     assert not fixed_points(on)  # every round's Search excluded more passages: no state repeated
 
 
+def test_a_closed_context_takes_no_passage_whatever_is_retrieved():
+    from metarag.methods.evoctx import context_is_closed, extend_context, passage_tokens
+    from metarag.records import Hit
+
+    def hit(i, title, words):
+        return Hit(Passage(f"p{i}", title, " ".join(f"w{i}x{j}" for j in range(words))), 1.0 / (i + 1), "bm25")
+
+    candidates = [hit(90, "", 1), hit(91, "T", 1), hit(92, "", 40), hit(93, "A long title here", 3)]
+    for budget in range(1, 60):
+        for first in ([hit(0, "Some title", 30)], [hit(0, "A very long title of many words", 1)], []):
+            context = extend_context([], first, budget, "first")
+            grown = [extend_context(context, [c], budget, "first") for c in candidates]
+            closed = context_is_closed(context, budget, "first")
+            assert closed == all(g == context for g in grown), (budget, context)
+            if closed:
+                assert sum(passage_tokens(h.passage) for h in context) <= budget
+    full = extend_context([], [hit(0, "Some title", 30)], 20, "first")
+    assert context_is_closed(full, 20, "first")  # a passage cut at the budget closes it
+    assert not context_is_closed(full, 20, "recent") and not context_is_closed(full, 0, "first")
+
+
 @pytest.mark.parametrize("name", sorted(ITERDRAG_CASES))
 def test_iterdrag_never_repeats_a_state(name, corpus):
     # every step that goes on adds a follow-up to the chain, so the rule cannot fire
@@ -357,7 +378,7 @@ def test_evoctx_answers_are_identical_with_the_rule_on_and_off(sample20):
                    Runtime(evoctx_sample_llm(), retriever))
     assert all(t.error is None for t in on + off)
     assert [t.answer for t in on] == [t.answer for t in off]
-    assert sum(bool(fixed_points(t)) for t in on) >= 15  # 19 of the 20 on hotpotqa-dev500's sample
+    assert sum(bool(fixed_points(t)) for t in on) >= 15  # all 20, on hotpotqa-dev500's sample and on the demo
     assert sum(t.usage.llm_requests for t in on) < sum(t.usage.llm_requests for t in off)
 
 

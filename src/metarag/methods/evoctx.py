@@ -136,7 +136,7 @@ class EvoCtxSettings:
     gold answer against the same boundary; analysis only, it never steers the run).
     `decision_max_tokens` = 192 bounds the decision model's reasoning trace (this toolkit's choice; the
     paper gives none). `stop_at_fixed_point` ends the rounds when one would start from the context,
-    sub-queries and excluded passage ids of an earlier round (greedy decoding only; the answer is the
+    sub-queries and Search exclusions of an earlier round (greedy decoding only; the answer is the
     one the full T rounds give, see `methods/fixed_point.py`); False runs all rounds as the paper does.
     """
 
@@ -203,9 +203,11 @@ class EvoCtx:
             if s.stop_at_fixed_point:
                 # what every later prompt, the boundary and the next Search see: the context passages, the
                 # sub-queries and the ids the next Search excludes (among them passages retrieved but cut
-                # by the budget or dropped as copies, which reach no prompt but change what comes next)
+                # by the budget or dropped as copies, which reach no prompt but change what comes next),
+                # unless no passage can enter the context any more
+                excluded = () if context_is_closed(context, s.context_budget_tokens, s.context_keep) else seen
                 state = (tuple((h.passage.id, h.passage.title, h.passage.text) for h in context), tuple(subqueries),
-                         tuple(sorted(seen)))
+                         tuple(sorted(excluded)))
                 fixed = yield LoopState(state, round_, s.T + 1)
                 if fixed is not None:  # the full T rounds would end in the state round `ends_as` started from
                     context, subqueries = states[fixed.ends_as]
@@ -341,6 +343,15 @@ def extend_context(context: Sequence[Hit], new: Sequence[Hit], budget: int, keep
         kept.append(hit)
         used += cost
     return kept if keep == "first" else kept[::-1]
+
+
+def context_is_closed(context: Sequence[Hit], budget: int, keep: str = "first") -> bool:
+    """True when `extend_context` can add no passage to `context` any more, whatever is retrieved:
+    keep "first" with less of the budget left than the smallest passage's cut (one word, no title)."""
+    if keep != "first" or not budget:
+        return False
+    left = budget - sum(passage_tokens(h.passage) for h in context)
+    return truncate_passage(Passage("", "", "word"), left) is None
 
 
 def truncate_passage(passage: Passage, tokens: int) -> Passage | None:
