@@ -427,3 +427,12 @@ def test_unmapped_support_is_reported_and_kept_in_the_manifest(tmp_path, capsys)
     store, results = evaluate(config, progress=False, llm=ScriptedLLM([], default="Paris"))
     assert "dev: 1 supporting paragraphs have no passage in the pool" in capsys.readouterr().err
     assert store.read_json("manifest.json")["unmapped_support"] == 1
+
+
+@pytest.mark.parametrize("flag", ["--limit", "--workers", "--batch", "--threads", "--rerank-depth"])
+@pytest.mark.parametrize("value", ["0", "-2"])
+def test_counts_on_the_command_line_are_at_least_one(flag, value, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["eval", "--method", "standard-rag", "--dataset", "demo", flag, value])
+    assert exit_.value.code == 2
+    assert f"argument {flag}: must be at least 1, got {value}" in capsys.readouterr().err

@@ -136,7 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
     tc.add_argument("--dataset-file", action="append", default=[], metavar="PATH",
                     help="a training file of your own; repeatable (needs --allow-any if its name does not say train)")
     tc.add_argument("--format", default=None, help="format of --dataset-file, when not detected")
-    tc.add_argument("--limit", type=int, default=None, help="a seeded sample of N questions per dataset")
+    tc.add_argument("--limit", type=positive_int, default=None, help="a seeded sample of N questions per dataset")
     tc.add_argument("--seed", type=int, default=0)
     tc.add_argument("--out", required=True, metavar="DIR", help="where the critic and its manifest go")
     tc.add_argument("--retriever", default="bm25", choices=("bm25", "dense", "hybrid"))
@@ -169,6 +169,17 @@ def port_number(value: str) -> int:
     return port
 
 
+def positive_int(value: str) -> int:
+    """An argparse type: a whole number of at least 1 (a count of questions, workers, threads ...)."""
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {value!r}") from None
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {number}")
+    return number
+
+
 def retriever_name(value: str) -> str:
     """An argparse type: bm25, dense, hybrid or remote:URL."""
     if value in ("bm25", "dense", "hybrid") or value.startswith("remote:"):
@@ -198,7 +209,7 @@ def add_reranker_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reranker", default="none",
                    help="reranker after every retrieval round: none, llm (LLM yes/no relevance judge), listwise "
                         "(RankGPT sliding window), cosine (MiniLM), cross-encoder:PATH (default: none)")
-    p.add_argument("--rerank-depth", type=int, default=20,
+    p.add_argument("--rerank-depth", type=positive_int, default=20,
                    help="candidates retrieved for the reranker, of which k are kept (default: 20)")
 
 
@@ -213,7 +224,7 @@ def add_llm_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="", help="model name on the server, for --llm openai")
     p.add_argument("--api-key-env", default="OPENAI_API_KEY",
                    help="environment variable holding the API key (default: OPENAI_API_KEY)")
-    p.add_argument("--threads", type=int, default=None,
+    p.add_argument("--threads", type=positive_int, default=None,
                    help="CPU threads for the llama.cpp back-ends (default: all cores; 1 is faster when other "
                         "jobs share the cores)")
     p.add_argument("--no-cache", "--no-response-cache", dest="no_cache", action="store_true",
@@ -229,15 +240,15 @@ def add_eval_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--format", default=None, help="its format, when not detected from the content")
     p.add_argument("--corpus", default=None, metavar="PATH",
                    help="retrieve from this corpus instead of the questions' own paragraphs")
-    p.add_argument("--limit", type=int, default=None, help="evaluate a seeded sample of N questions")
+    p.add_argument("--limit", type=positive_int, default=None, help="evaluate a seeded sample of N questions")
     p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
     p.add_argument("--allow-unanswerable", action="store_true",
                    help="score questions without a gold answer as unanswerable (right only when the answer "
                         "abstains: unanswerable, unknown, unsure, ...) instead of refusing the file")
-    p.add_argument("--workers", type=int, default=1,
+    p.add_argument("--workers", type=positive_int, default=1,
                    help="questions run concurrently (useful against a served model; 1 for embedded); with "
                         "--batch, the requests of a round sent at once to a back-end that does not batch")
-    p.add_argument("--batch", type=int, default=1, metavar="N",
+    p.add_argument("--batch", type=positive_int, default=1, metavar="N",
                    help="run N questions in lockstep, each round's model requests as one batch (a transformers "
                         "model decodes them as one padded batch); default 1: one question at a time")
     p.add_argument("--retriever", default="bm25", type=retriever_name,
