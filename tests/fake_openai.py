@@ -21,8 +21,11 @@ class FakeOpenAIServer:
     """The server in a background thread; `requests` counts the completion requests answered."""
 
     def __init__(self, port: int = 0, answer: Callable[[str], str] | str = "Paris", mode: str = "ok",
-                 delay_s: float = 0.0):
+                 delay_s: float = 0.0, choice_fields: dict | None = None, response_fields: dict | None = None):
         self.answer = answer if callable(answer) else (lambda prompt, text=answer: text)
+        # extra fields a real server adds (vLLM's choice `stop_reason`, llama-server's `__verbose`)
+        self.choice_fields = dict(choice_fields or {})
+        self.response_fields = dict(response_fields or {})
         self.mode = mode
         self.delay_s = delay_s  # before each completion, as a model would take
         self.port = port
@@ -62,6 +65,10 @@ def _handler(server: FakeOpenAIServer):
         def log_message(self, *args) -> None:  # quiet
             pass
 
+        def _answer(self, body: dict) -> None:
+            body["choices"][0].update(server.choice_fields)
+            self._send(200, {**body, **server.response_fields})
+
         def _send(self, status: int, body: dict) -> None:
             data = json.dumps(body).encode()
             self.send_response(status)
@@ -98,13 +105,13 @@ def _handler(server: FakeOpenAIServer):
             if self.path == "/v1/chat/completions":
                 prompt = "\n".join(str(m.get("content", "")) for m in body.get("messages", []))
                 server.requests += 1
-                self._send(200, {"id": "c", "object": "chat.completion", "created": int(time.time()),
+                self._answer({"id": "c", "object": "chat.completion", "created": int(time.time()),
                                  "model": body.get("model", "fake"), "usage": usage,
                                  "choices": [{"index": 0, "finish_reason": "stop", "logprobs": None,
                                               "message": {"role": "assistant", "content": server.answer(prompt)}}]})
             elif self.path == "/v1/completions":
                 server.requests += 1
-                self._send(200, {"id": "c", "object": "text_completion", "created": int(time.time()),
+                self._answer({"id": "c", "object": "text_completion", "created": int(time.time()),
                                  "model": body.get("model", "fake"), "usage": usage,
                                  "choices": [{"index": 0, "finish_reason": "stop", "logprobs": None,
                                               "text": server.answer(str(body.get("prompt", "")))}]})

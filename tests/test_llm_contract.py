@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.util
 import math
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import pytest
@@ -15,14 +16,16 @@ import pytest
 from metarag.errors import ConfigError
 from metarag.llm.base import Decoding, TokenIds
 from metarag.llm.scripted import ScriptedLLM, ScriptedTokens
-from metarag.records import LabelScores, Message
+from metarag.records import Completion, LabelScores, Message
 
 # caps: ids (token ids and prompt_ids), entropy, sampling, stop_which (says which stop string fired),
 # prefix (continues an assistant turn), token_prompt (TokenIds prompts), batch (generate_batch),
 # argmax (greedy output is the most likely token: a script may say an unlikely one, as FLARE's tests need),
-# seeded (a sampled request repeats with its seed: llama_cpp.server does not promise it)
+# seeded (a sampled request repeats with its seed: llama_cpp.server does not promise it),
+# stop_cause (with stop strings sent, tells the end of the turn, "eos", from a stop string that fired:
+# llama_cpp.server says "stop" for both)
 ALL_CAPS = frozenset({"ids", "entropy", "sampling", "stop_which", "prefix", "token_prompt", "batch", "argmax",
-                      "seeded"})
+                      "seeded", "stop_cause"})
 
 
 @dataclass
@@ -32,6 +35,8 @@ class Subject:
     question: tuple[Message, ...]  # a chat question
     caps: frozenset[str] = field(default_factory=frozenset)
     ends_turn: bool = False  # the model answers `question` and ends its turn within 48 tokens
+    # a request, with the given decoding, after which the model ends its turn within 48 tokens
+    turn_end: Callable[[Decoding], Completion] | None = None
 
 
 def scripted_subject() -> Subject:
@@ -41,7 +46,8 @@ def scripted_subject() -> Subject:
                        ("Question:", "Dijon")])
     return Subject(llm, "Question: what is the capital of France?\nAnswer:",
                    (Message("user", "What is the capital of France?"),),
-                   frozenset({"ids", "entropy", "stop_which", "prefix", "token_prompt", "seeded"}))
+                   frozenset({"ids", "entropy", "stop_which", "prefix", "token_prompt", "seeded", "stop_cause"}),
+                   turn_end=lambda decoding: llm.complete("Question: where?", decoding))
 
 
 def tiny_hf_subject() -> Subject:
@@ -49,8 +55,42 @@ def tiny_hf_subject() -> Subject:
     pytest.importorskip("transformers")
     from tiny_hf import tiny_llm
 
-    return Subject(tiny_llm(), "The capital of France is", (Message("user", "What is the capital of France?"),),
-                   ALL_CAPS)
+    llm = tiny_llm()
+    return Subject(llm, "The capital of France is", (Message("user", "What is the capital of France?"),),
+                   ALL_CAPS, turn_end=tiny_hf_turn_end(llm))
+
+
+def tiny_hf_turn_end(llm) -> Callable[[Decoding], Completion]:
+    """The tiny model never ends its turn (it repeats one token): the same weights behind a wrapper that
+    makes the end-of-turn token the likeliest once three tokens follow "Lyon is"."""
+    import inspect
+
+    import torch
+
+    from metarag.llm.hf import HFLLM
+
+    prompt = "Lyon is"
+    total = len(llm.tokenize(prompt)) + 3
+    end = llm.tokenizer.convert_tokens_to_ids("<|im_end|>")
+
+    class EndsItsTurn(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+            self.generation_config = inner.generation_config
+            self._cache = "cache" if "cache" in inspect.signature(inner.forward).parameters else "past_key_values"
+
+        def forward(self, attention_mask=None, past_key_values=None, **kwargs):
+            if past_key_values is not None:
+                kwargs[self._cache] = past_key_values
+            result = self.inner(attention_mask=attention_mask, **kwargs)
+            done = attention_mask.sum(-1) >= total
+            if done.any():
+                result.logits[done, -1, end] = result.logits[done, -1].max() + 10.0
+            return result
+
+    ending = HFLLM.from_model(EndsItsTurn(llm.model), llm.tokenizer, identity="tiny-ends-its-turn")
+    return lambda decoding: ending.complete(prompt, decoding)
 
 
 def llama_subject() -> Subject:
@@ -59,9 +99,14 @@ def llama_subject() -> Subject:
     from metarag.llm.llama_cpp import LlamaCppLLM, LlamaCppSettings
 
     llm = LlamaCppLLM(LlamaCppSettings(embedded="qwen2.5-coder-0.5b-instruct", n_ctx=2048))
-    return Subject(llm, "The Eiffel Tower is a wrought-iron lattice tower in",
-                   (Message("user", "In one sentence: what is the capital of France?"),),
-                   ALL_CAPS - {"batch"}, ends_turn=True)
+    question = (Message("user", "In one sentence: what is the capital of France?"),)
+    return Subject(llm, "The Eiffel Tower is a wrought-iron lattice tower in", question,
+                   ALL_CAPS - {"batch"}, ends_turn=True, turn_end=chat_turn_end(llm, question))
+
+
+def chat_turn_end(llm, question: tuple[Message, ...]) -> Callable[[Decoding], Completion]:
+    """A chat model ends its turn after answering a question in one sentence."""
+    return lambda decoding: llm.chat(question, decoding)
 
 
 def server_subject() -> Subject:
@@ -82,9 +127,9 @@ def server_subject() -> Subject:
     context.__enter__()
     llm = OpenAICompatLLM(OpenAISettings(base_url=url, model="qwen-0.5b", chat_template=f"gguf:{path}"))
     llm._server = context  # stopped by the fixture
-    return Subject(llm, "The Eiffel Tower is a wrought-iron lattice tower in",
-                   (Message("user", "In one sentence: what is the capital of France?"),),
-                   frozenset({"sampling", "prefix", "argmax"}), ends_turn=True)
+    question = (Message("user", "In one sentence: what is the capital of France?"),)
+    return Subject(llm, "The Eiffel Tower is a wrought-iron lattice tower in", question,
+                   frozenset({"sampling", "prefix", "argmax"}), ends_turn=True, turn_end=chat_turn_end(llm, question))
 
 
 BACKENDS = [pytest.param(scripted_subject, id="scripted"),
@@ -179,6 +224,43 @@ def test_finish_reasons_length_and_eos(subject):
         done = subject.llm.chat(subject.question, Decoding(max_tokens=48, logprobs=1))
         assert done.finish_reason == "eos" and done.stop is None and done.text
         assert done.usage.completion_tokens == len(done.tokens)  # the end-of-turn token is not counted
+
+
+def test_stop_strings_given_and_the_model_ends_its_turn_is_eos(subject):
+    if subject.turn_end is None:
+        pytest.skip("no request known after which this model ends its turn")
+    free = subject.turn_end(Decoding(max_tokens=48))
+    assert free.finish_reason == "eos" and free.stop is None and free.text, free
+    out = subject.turn_end(Decoding(max_tokens=48, stop=("never-seen-stop", "Zqxv")))
+    assert out.text == free.text and out.stop is None
+    if "stop_cause" in subject.caps:
+        assert out.finish_reason == "eos"
+    else:  # the server does not say whether a stop string fired or the turn ended
+        assert out.finish_reason == "stop"
+    if out.tokens is not None and free.tokens is not None:
+        assert len(out.tokens) == len(free.tokens)
+
+
+@pytest.mark.parametrize(("server_says", "finish", "stop"), [
+    ({"choice": {"stop_reason": None}}, "eos", None),  # vLLM: the end of sequence
+    ({"choice": {"stop_reason": 151645}}, "eos", None),  # vLLM: a stop token of the generation config
+    ({"choice": {"stop_reason": "\n\n"}}, "stop", "\n\n"),  # vLLM: a stop string
+    ({"response": {"__verbose": {"stop_type": "eos", "stopping_word": ""}}}, "eos", None),  # llama-server --verbose
+    ({"response": {"__verbose": {"stop_type": "word", "stopping_word": "\n\n"}}}, "stop", "\n\n"),
+    ({}, "stop", None)])  # llama_cpp.server, Ollama, OpenAI: not said
+def test_the_openai_back_end_reads_the_stop_cause_where_the_server_says_it(server_says, finish, stop):
+    pytest.importorskip("openai")
+    from fake_openai import FakeOpenAIServer
+
+    from metarag.llm.openai_compat import OpenAICompatLLM, OpenAISettings
+
+    with FakeOpenAIServer(answer="Paris", choice_fields=server_says.get("choice"),
+                          response_fields=server_says.get("response")) as server:
+        llm = OpenAICompatLLM(OpenAISettings(base_url=server.url, model="fake", max_retries=0))
+        for out in (llm.complete("Capital?", Decoding(max_tokens=8, stop=("\n\n",))),
+                    llm.chat((Message("user", "Capital?"),), Decoding(max_tokens=8, stop=("\n\n",)))):
+            assert (out.text, out.finish_reason, out.stop) == ("Paris", finish, stop)
+        assert llm.complete("Capital?", Decoding(max_tokens=8)).finish_reason == "eos"  # no stop strings sent
 
 
 # ------------------------------------------------------------------------ continuation, token ids

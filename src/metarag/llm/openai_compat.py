@@ -71,8 +71,10 @@ class OpenAICompatLLM:
     # -------------------------------------------------------------------------------- protocol
     # What the HTTP API gives: tokens (text and log-prob, top alternatives) only when logprobs are
     # asked; no token ids and no entropy (only the top alternatives come back). The server applies
-    # the stop rule (text cut before the stop string); it does not say which stop string fired
-    # (finish "stop", `stop` None) unless it reports `stop_reason` (vLLM). The seed is sent; whether
+    # the stop rule (text cut before the stop string). When stop strings were sent, finish "stop"
+    # covers both a stop string and the end of the turn: `stop_cause` tells them apart where the
+    # server says (vLLM's `stop_reason`, llama.cpp's llama-server run with --verbose); elsewhere
+    # (llama_cpp.server, Ollama, OpenAI) it stays "stop" with `stop` None. The seed is sent; whether
     # a sampled request repeats with it is the server's affair (llama_cpp.server 0.3.36: it does not).
     def complete(self, prompt: str | TokenIds, decoding: Decoding = Decoding()) -> Completion:
         sent = list(prompt.ids) if isinstance(prompt, TokenIds) else prompt
@@ -173,12 +175,9 @@ class OpenAICompatLLM:
 
     def _completion(self, choice, text: str, response, latency: float, tokens, decoding: Decoding,
                     prompt_ids) -> Completion:
-        reason = choice.finish_reason or "stop"
-        stop = getattr(choice, "stop_reason", None)
-        if reason != "stop" or not isinstance(stop, str):
-            stop = None
-        if reason == "stop" and not decoding.stop:
-            reason = "eos"  # no stop string was asked for: the model ended its turn
+        reason, stop = choice.finish_reason or "stop", None
+        if reason == "stop":
+            reason, stop = stop_cause(choice, response, decoding.stop)
         return Completion(text, self._usage(response, latency), tokens, reason, stop, prompt_ids)
 
     @staticmethod
@@ -254,6 +253,24 @@ class OpenAICompatLLM:
         return Usage(prompt_tokens=int(getattr(usage, "prompt_tokens", 0) or 0),
                      completion_tokens=int(getattr(usage, "completion_tokens", 0) or 0),
                      cached_tokens=cached, latency_s=latency, llm_requests=1)
+
+
+def stop_cause(choice, response, stops: Sequence[str]) -> tuple[str, str | None]:
+    """(finish reason, stop string) of a choice the server finished with "stop": ("eos", None) when
+    the model ended its turn, ("stop", the string) when a stop string fired, ("stop", None) when
+    stop strings were sent and the server does not say which of the two happened."""
+    if not stops:
+        return "eos", None  # no stop string was asked for: the model ended its turn
+    fields = getattr(choice, "model_extra", None) or {}
+    if "stop_reason" in fields:  # vLLM: the stop string, a stop token id (an end of turn), or None (EOS)
+        value = fields["stop_reason"]
+        return ("stop", value) if isinstance(value, str) else ("eos", None)
+    verbose = (getattr(response, "model_extra", None) or {}).get("__verbose")
+    if isinstance(verbose, dict) and verbose.get("stop_type") in ("eos", "word"):  # llama-server --verbose
+        word = verbose.get("stopping_word")
+        return ("eos", None) if verbose["stop_type"] == "eos" else ("stop", word if isinstance(word, str) and word
+                                                                     else None)
+    return "stop", None
 
 
 def _with_offsets(items) -> tuple[TokenLogprob, ...]:
