@@ -71,7 +71,9 @@ def test_a_model_folder_loads_and_its_identity_hashes_the_weights(tmp_path, tiny
     tiny.model.save_pretrained(folder)
     tiny.tokenizer.save_pretrained(folder)
     loaded = HFLLM(HFSettings(path=str(folder), n_ctx=256))
-    assert loaded.identity.startswith("hf:policy:sha256=")
+    assert loaded.identity.startswith("hf:policy:sha256=") and loaded.identity.endswith(":float32@cpu")
+    bf16 = HFLLM(HFSettings(path=str(folder), n_ctx=256, dtype="bfloat16"))
+    assert bf16.identity.endswith(":bfloat16@cpu") and bf16.identity != loaded.identity
     prompt = "The capital of France is"
     assert loaded.complete(prompt, Decoding(max_tokens=5)).token_ids == \
         tiny.complete(prompt, Decoding(max_tokens=5)).token_ids
@@ -85,6 +87,30 @@ def test_a_model_folder_loads_and_its_identity_hashes_the_weights(tmp_path, tiny
     assert folder_sha256(folder) != loaded.model_sha256
     with pytest.raises(DataError, match="not found"):
         HFLLM(HFSettings(path=str(tmp_path / "missing")))
+
+
+def test_a_folder_hash_covers_config_and_tokenizer_and_pickles_are_refused(tmp_path):
+    from metarag.llm.hf import folder_sha256
+
+    folder = tmp_path / "m"
+    folder.mkdir()
+    (folder / "model.safetensors").write_bytes(b"weights")
+    (folder / "generation_config.json").write_text('{"temperature": 0.7}')
+    (folder / "tokenizer_config.json").write_text('{"chat_template": "a"}')
+    first = folder_sha256(folder)
+    (folder / "tokenizer_config.json").write_text('{"chat_template": "b"}')
+    second = folder_sha256(folder)
+    (folder / "generation_config.json").write_text('{"temperature": 0.1}')
+    third = folder_sha256(folder)
+    assert len({first, second, third}) == 3
+    (folder / "README.md").write_text("notes")  # not part of the model
+    assert folder_sha256(folder) == third
+    pickled = tmp_path / "p"
+    pickled.mkdir()
+    (pickled / "pytorch_model.bin").write_bytes(b"pickle")
+    with pytest.raises(DataError, match="pickle weight files .pytorch_model.bin.*trust_pickle"):
+        folder_sha256(pickled)
+    assert folder_sha256(pickled, trust_pickle=True)
 
 
 @needs_torch
@@ -166,7 +192,7 @@ def test_the_embedded_05b_gguf_through_transformers():
 
     llm = HFLLM(HFSettings(embedded="qwen2.5-coder-0.5b-instruct", n_ctx=1024))
     sha = embedded_model("qwen2.5-coder-0.5b-instruct").sha256
-    assert llm.identity == f"hf:qwen2.5-coder-0.5b-instruct:sha256={sha[:16]}"
+    assert llm.identity == f"hf:qwen2.5-coder-0.5b-instruct:sha256={sha[:16]}:float32@cpu"
     question = [Message("system", "Answer with a short answer only."),
                 Message("user", "Passage: Paris is the capital of France.\nQuestion: What is the capital of France?")]
     out = llm.chat(question, Decoding(max_tokens=8, logprobs=2))

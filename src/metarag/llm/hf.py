@@ -43,7 +43,12 @@ from metarag.llm.base import (
 )
 from metarag.records import Completion, LabelScores, Message, Usage
 
-WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
+WEIGHT_SUFFIXES = (".safetensors", ".gguf")
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt")  # loading one can run code: refused unless trust_pickle
+# the files besides the weights that change what a folder's model answers
+MODEL_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "tokenizer.model",
+               "vocab.json", "merges.txt", "special_tokens_map.json", "added_tokens.json", "chat_template.jinja",
+               "chat_template.json")
 
 
 @dataclass(frozen=True)
@@ -52,7 +57,8 @@ class HFSettings:
     (`metarag.llm.models.EMBEDDED_MODELS`); `path`, a GGUF file or a Hugging Face model folder,
     wins when given. `device` "auto" is cuda when torch sees a GPU, else cpu; `dtype` "auto" is
     bfloat16 on a GPU and float32 on the CPU. Eager attention, so that attention weights can be
-    returned. `n_threads` None leaves torch's default."""
+    returned. `n_threads` None leaves torch's default. A folder's pickle weight files (.bin, .pt,
+    .pth, .ckpt) can run code when loaded: refused unless `trust_pickle`."""
 
     embedded: str | None = "qwen2.5-coder-1.5b-instruct"
     path: str | None = None
@@ -61,6 +67,7 @@ class HFSettings:
     n_ctx: int = 4096
     n_threads: int | None = None
     attn_implementation: str = "eager"
+    trust_pickle: bool = False
 
 
 def _torch():
@@ -86,6 +93,8 @@ class HFLLM:
         folder = path
         if path.is_file():  # a GGUF: transformers reads it from its folder by file name
             folder, kwargs["gguf_file"] = path.parent, path.name
+        elif not settings.trust_pickle:
+            kwargs["use_safetensors"] = True  # never unpickle a shared folder's weights
         try:
             tokenizer = transformers.AutoTokenizer.from_pretrained(str(folder), **kwargs)
             model = transformers.AutoModelForCausalLM.from_pretrained(
@@ -93,7 +102,9 @@ class HFLLM:
         except (OSError, ValueError, RuntimeError, ImportError) as exc:
             raise BackendError(f"transformers could not load {path}: {str(exc).splitlines()[0][:300]}") from None
         model.to(device)
-        self._setup(model, tokenizer, f"hf:{name}:sha256={sha[:16]}", settings)
+        # the numbers depend on the dtype and device too: a GPU bf16 run never gets a CPU fp32 run's answers
+        dtype_name = str(dtype).removeprefix("torch.")
+        self._setup(model, tokenizer, f"hf:{name}:sha256={sha[:16]}:{dtype_name}@{device.type}", settings)
         self.path = path
         self.model_sha256 = sha
 
@@ -343,7 +354,7 @@ def _resolve(settings: HFSettings) -> tuple[Path, str, str]:
     if settings.path:
         path = Path(settings.path).expanduser()
         if path.is_dir():
-            return path, path.name, folder_sha256(path)
+            return path, path.name, folder_sha256(path, trust_pickle=settings.trust_pickle)
         if path.is_file():
             checked = check_gguf_path(path)
             return checked, checked.name, file_sha256(checked)
@@ -354,14 +365,20 @@ def _resolve(settings: HFSettings) -> tuple[Path, str, str]:
     raise ConfigError("the transformers back-end needs an embedded model name or a path")
 
 
-def folder_sha256(folder: Path) -> str:
-    """One hash of a model folder's weight files (names and contents), so a retrained checkpoint in
-    the same folder gets a new identity."""
+def folder_sha256(folder: Path, *, trust_pickle: bool = False) -> str:
+    """One hash of a model folder's weight, config and tokenizer files (names and contents), so a
+    retrained checkpoint or a changed tokenizer in the same folder gets a new identity."""
     from metarag.llm.models import file_sha256
 
-    files = sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix in WEIGHT_SUFFIXES)
-    if not files:
-        raise DataError("no weight files (*.safetensors, *.bin, *.gguf) in the model folder", path=str(folder))
+    suffixes = WEIGHT_SUFFIXES + (PICKLE_SUFFIXES if trust_pickle else ())
+    weights = [p for p in folder.rglob("*") if p.is_file() and p.suffix in suffixes]
+    if not weights:
+        pickles = sorted(p.name for p in folder.rglob("*") if p.is_file() and p.suffix in PICKLE_SUFFIXES)
+        if pickles:
+            raise DataError(f"only pickle weight files ({', '.join(pickles[:3])}), which can run code when loaded: "
+                            "convert them to safetensors, or set trust_pickle", path=str(folder))
+        raise DataError("no weight files (*.safetensors, *.gguf) in the model folder", path=str(folder))
+    files = sorted(weights + [p for p in folder.rglob("*") if p.is_file() and p.name in MODEL_FILES])
     digest = hashlib.sha256()
     for f in files:
         digest.update(f"{f.relative_to(folder)}:{file_sha256(f)}\n".encode())
