@@ -211,6 +211,17 @@ def test_a_failed_health_check_stops_before_the_first_question(tmp_path):
         p.read_text() for p in (tmp_path / "runs").glob("*/results.jsonl"))
 
 
+def test_a_model_named_by_the_method_settings_is_checked_before_the_first_question(tmp_path):
+    pytest.importorskip("openai")
+    url = f"http://127.0.0.1:{free_port()}/v1"
+    settings = {"decision_llm": f"openai:m@{url}", "encoder": "bag-of-words"}
+    llm = reader()
+    with pytest.raises(BackendError, match=f"model openai:m@{url} health check failed before the first question: "
+                                           f"LLM server at {url} is not reachable"):
+        evaluate(config(tmp_path, "evoctx", overrides=settings), progress=False, llm=llm)
+    assert llm.prompts == []
+
+
 def test_a_dead_remote_retriever_fails_the_health_check_fast(tmp_path):
     dead = RemoteRetriever(f"http://127.0.0.1:{free_port()}")
     start = time.perf_counter()

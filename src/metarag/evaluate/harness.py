@@ -222,6 +222,9 @@ def _session(config: EvalConfig, store: RunStore, method: Method, dataset, resol
     store.write_json("manifest.json", manifest)
     runtime = Runtime(llm, retriever, reranker=reranker, rerank_depth=config.rerank_depth,
                       workers=config.workers if config.batch > 1 else 1)
+    named = getattr(method, "named_models", None)  # models a method's settings name (EvoCtx's decision_llm)
+    for spec in named() if named is not None else ():
+        check_backend(runtime.llm_for(spec), f"model {spec}")
     try:
         _run_questions(method, todo, runtime, store, config.workers, done, len(dataset.questions), progress,
                        on_result, config.max_consecutive_failures, config.batch)
@@ -303,6 +306,8 @@ def _run_questions(method: Method, todo: list[Question], runtime: Runtime, store
                 check_backend(runtime.llm, "LLM", f"after {last.question_id} failed")
                 if runtime.retriever is not None:
                     check_backend(runtime.retriever, "retriever", f"after {last.question_id} failed")
+                for spec, model in list(runtime.models.items()):
+                    check_backend(model, f"model {spec}", f"after {last.question_id} failed")
             except BackendError as exc:
                 stopped.append(f"stopped: {exc} (its error: {last.error})")
         if not stopped and 0 < max_consecutive_failures <= len(streak):

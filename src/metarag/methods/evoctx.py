@@ -191,6 +191,10 @@ class EvoCtx:
         self.decision_model = DecisionModel("" if bare else settings.decision_llm, reasoning=not bare,
                                             max_tokens=settings.decision_max_tokens)
 
+    def named_models(self) -> tuple[str, ...]:
+        """The spec strings of the models this method asks besides the run's own (the harness checks them)."""
+        return (self.decision_model.model,) if self.decision_model.model else ()
+
     def policy(self, question: Question) -> Policy:
         s = self.settings
         hits = yield Search(question.text, s.k)
