@@ -27,6 +27,8 @@ EXTRAS: dict[str, tuple[tuple[str, str], ...]] = {
     "server": (("fastapi", "fastapi"), ("uvicorn", "uvicorn"), ("openai", "openai")),
     "eval": (("scipy", "scipy"), ("matplotlib", "matplotlib")),
     "hf": (("transformers", "transformers"), ("gguf", "gguf"), ("accelerate", "accelerate")),
+    "view": (("fastapi", "fastapi"), ("uvicorn", "uvicorn")),
+    "browser": (("playwright", "playwright"),),
     "dev": (("pytest", "pytest"), ("hypothesis", "hypothesis"), ("ruff", "ruff")),
 }
 
