@@ -56,3 +56,18 @@ def isolated_home(tmp_path, monkeypatch):
 @pytest.fixture
 def corpus() -> list[Passage]:
     return list(CORPUS)
+
+
+@pytest.fixture(scope="session")
+def sample20():
+    """The 20 questions `--limit 20 --seed 0` picks from hotpotqa-dev500 and a retriever over their
+    paragraphs, or from the shipped demo set where the data folder is absent (a fresh clone's CI)."""
+    from metarag.data.datasets import resolve_preset, sample
+    from metarag.retrieve.memory import MemoryRetriever
+
+    if (SHARED_DATA / "hotpotqa" / "dev500_ircot.jsonl").is_file():
+        data = resolve_preset("hotpotqa-dev500", SHARED_DATA)
+    else:
+        data = resolve_preset("demo")
+    data = sample(data, 20, 0)
+    return list(data.questions), MemoryRetriever(list(data.passages))

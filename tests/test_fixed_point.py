@@ -14,7 +14,6 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import SHARED_DATA
 from test_evoctx import CASES as EVOCTX_CASES
 from test_evoctx import ITERDRAG_CASES, StubEncoder, iterdrag_llm
 from test_evoctx import run_case as evoctx_case
@@ -25,7 +24,6 @@ from test_metarag import Q, scripted
 from test_methods import without_latency
 from test_run_many import metarag_llm, pick
 
-from metarag.data.datasets import resolve_preset, sample
 from metarag.display import format_trace
 from metarag.errors import ConfigError
 from metarag.evaluate.cost import served_usage
@@ -313,16 +311,6 @@ def test_iterdrag_never_repeats_a_state(name, corpus):
 
 
 # --------------------------------------------------------------- the scripted 20-question sample
-@pytest.fixture(scope="module")
-def sample20():
-    if (SHARED_DATA / "hotpotqa" / "dev500_ircot.jsonl").is_file():
-        data = resolve_preset("hotpotqa-dev500", SHARED_DATA)
-    else:
-        data = resolve_preset("demo")
-    data = sample(data, 20, 0)
-    return list(data.questions), MemoryRetriever(list(data.passages))
-
-
 def metarag_sample_llm() -> ScriptedLLM:
     """test_run_many's MetaRAG script (every answer a function of the prompt), with judges whose
     verdicts vary by question, so that all four plans occur (that script's plans are all "decompose")."""

@@ -10,10 +10,8 @@ import threading
 import time
 
 import pytest
-from conftest import SHARED_DATA
 from test_methods import without_latency
 
-from metarag.data.datasets import resolve_preset, sample
 from metarag.errors import BackendError, ConfigError
 from metarag.llm.base import Decoding, generate
 from metarag.llm.scripted import ScriptedLLM
@@ -22,7 +20,6 @@ from metarag.methods.metarag import MetaRAG, MetaRAGSettings
 from metarag.methods.registry import build_method
 from metarag.methods.runner import Runtime, Sampling, request_seed, run, run_many
 from metarag.records import Answer, Completion, Generate, Message, Question, Usage
-from metarag.retrieve.memory import MemoryRetriever
 
 WORDS = ("Paris", "Dijon", "1832", "yes", "no", "the Rhine", "Gustave Eiffel", "Lyon", "1889", "Berlin")
 
@@ -30,18 +27,6 @@ WORDS = ("Paris", "Dijon", "1832", "yes", "no", "the Rhine", "Gustave Eiffel", "
 def pick(prompt: str, salt: str = "") -> str:
     """A word chosen by the prompt alone, so an answer never depends on the order of the calls."""
     return WORDS[int(hashlib.sha1((salt + prompt).encode()).hexdigest(), 16) % len(WORDS)]
-
-
-@pytest.fixture(scope="module")
-def dataset():
-    """The 20 questions `--limit 20` picks from hotpotqa-dev500 (their paragraphs the corpus), or from
-    the shipped demo set where the data folder is absent."""
-    if (SHARED_DATA / "hotpotqa" / "dev500_ircot.jsonl").is_file():
-        data = resolve_preset("hotpotqa-dev500", SHARED_DATA)
-    else:
-        data = resolve_preset("demo")
-    data = sample(data, 20, 0)
-    return list(data.questions), MemoryRetriever(list(data.passages))
 
 
 def standard_llm() -> ScriptedLLM:
@@ -72,8 +57,8 @@ CASES = {
 
 @pytest.mark.parametrize("name", sorted(CASES))
 @pytest.mark.parametrize("window", [None, 3])
-def test_run_many_gives_the_traces_of_run_question_by_question(name, window, dataset):
-    questions, retriever = dataset
+def test_run_many_gives_the_traces_of_run_question_by_question(name, window, sample20):
+    questions, retriever = sample20
     make_method, make_llm = CASES[name]
     one_by_one = [run(make_method(), q, Runtime(make_llm(), retriever)) for q in questions]
     seen: list[tuple[int, object]] = []
@@ -112,8 +97,8 @@ class BatchingLLM(ScriptedLLM):
         return super().complete(prompt, decoding)
 
 
-def test_each_round_goes_to_the_back_end_as_one_batch(dataset):
-    questions, retriever = dataset
+def test_each_round_goes_to_the_back_end_as_one_batch(sample20):
+    questions, retriever = sample20
     llm = BatchingLLM([("Passages:", lambda prompt: f" {pick(prompt)}\n")])
     traces = run_many(build_method("standard-rag"), questions, Runtime(llm, retriever))
     assert llm.batches == [("generate", 20)]  # one search round, then one answer round of all 20
@@ -408,12 +393,12 @@ def test_sampled_rollouts_through_a_batching_transformers_model():
 
 
 @pytest.mark.embedded
-def test_run_many_matches_run_on_the_embedded_model(dataset):
+def test_run_many_matches_run_on_the_embedded_model(sample20):
     """One real-model check: llama.cpp (in turn) gives the same greedy traces through both loops."""
     pytest.importorskip("llama_cpp")
     from metarag.llm.llama_cpp import LlamaCppLLM, LlamaCppSettings
 
-    questions, retriever = dataset
+    questions, retriever = sample20
     llm = LlamaCppLLM(LlamaCppSettings(embedded="qwen2.5-coder-0.5b-instruct", n_ctx=4096))
     method = build_method("standard-rag")
     one_by_one = [run(method, q, Runtime(llm, retriever)) for q in questions[:3]]
