@@ -250,20 +250,16 @@ def parse_yes_no(text: str) -> bool | None:
     "I cannot say no", "Not sure", an empty reply — is None, for the caller's recorded default.
     """
     first = _FIRST_WORD.search(text)
-    if first:
-        word = first.group(0).lower()
-        if word in _YES:
-            return True
-        if word in _NO:
-            return False
-    match = _LABELLED.search(text)
-    if match:
-        word = match.group(1).lower()
-        if word in _YES:
-            return True
-        if word in _NO:
-            return False
-    return None
+    verdict = _verdict_word(first.group(0)) if first else None
+    if verdict is None:
+        match = _LABELLED.search(text)
+        verdict = _verdict_word(match.group(1)) if match else None
+    return verdict
+
+
+def _verdict_word(word: str) -> bool | None:
+    word = word.lower()
+    return True if word in _YES else False if word in _NO else None
 
 
 def labelled_fields(text: str, names: tuple[str, ...]) -> dict[str, str]:
