@@ -155,6 +155,19 @@ def build_parser() -> argparse.ArgumentParser:
     dr.add_argument("--decode-model", default="qwen2.5-coder-1.5b-instruct",
                     help="the embedded model of the decode check (default: qwen2.5-coder-1.5b-instruct)")
     dr.set_defaults(handler=cmd_doctor)
+
+    cj = sub.add_parser("calibrate-judges", help="choose MetaRAG's sufficiency thresholds on training questions",
+                        description="Read a finished MetaRAG run over TRAINING questions, compare each sufficiency "
+                                    "judge's P(Yes) with what it was asked (external: all supporting passages "
+                                    "retrieved; internal: the closed-book run answers exactly) and print, per "
+                                    "judge, the threshold of best balanced accuracy next to the paper's rule "
+                                    "(0.5), with the --set flags that use it.")
+    cj.add_argument("run", metavar="RUN", help="a MetaRAG run folder over training questions")
+    cj.add_argument("--closed-book", metavar="RUN", help="a closed-book run over the same questions (for the "
+                                                         "internal-sufficiency target)")
+    cj.add_argument("--allow-any", action="store_true", help="allow a run whose dataset is named as a dev/test split")
+    cj.add_argument("--out", metavar="JSON", help="also write the thresholds as JSON")
+    cj.set_defaults(handler=cmd_calibrate_judges)
     return parser
 
 
@@ -454,6 +467,40 @@ def cmd_train_critic(args: argparse.Namespace) -> int:
     report = run_training(specs, args.out, llm_spec=llm_spec_from_args(args), retriever=args.retriever,
                           allow_any=args.allow_any, progress=not args.quiet)
     print(report.summary())
+    return 0
+
+
+def cmd_calibrate_judges(args: argparse.Namespace) -> int:
+    import json
+
+    from metarag.evaluate.calibration import JUDGES, calibrate, calibration_table, check_training_split, judge_samples
+    from metarag.evaluate.harness import DatasetSpec, load_questions
+    from metarag.evaluate.report import load_run
+
+    for path in filter(None, [args.run, args.closed_book]):
+        if not (Path(path) / "settings.json").is_file():
+            raise_config(f"{path!r} is not a run folder (runs/<run-id>, holding the settings.json that metarag "
+                         "eval writes)")
+    run = load_run(args.run)
+    if run.settings.get("method") != "metarag":
+        raise_config(f"{args.run!r} is a {run.settings.get('method')!r} run; calibrate-judges reads a metarag run")
+    spec = run.settings["dataset"]
+    check_training_split(spec.get("name") or spec.get("preset") or "", args.allow_any)
+    preset = spec.get("preset")
+    dataset = load_questions(DatasetSpec(preset, None if preset else spec.get("file"),
+                                         None if preset else spec.get("format"), None if preset else spec.get("corpus"),
+                                         spec.get("limit"), spec.get("seed", 0)))
+    questions = {q.id: q for q in dataset.questions}
+    closed_em = None
+    if args.closed_book:
+        closed = load_run(args.closed_book)
+        closed_em = {r.question_id: r.scores.em for r in closed.results}
+    samples = judge_samples([r.trace for r in run.results], questions, closed_em)
+    results = [calibrate(samples, j) for j in JUDGES if j == "external-sufficiency" or closed_em is not None]
+    print(calibration_table(results))
+    print("\nuse: " + " ".join(f"--set {c.setting}={c.threshold:g}" for c in results))
+    if args.out:
+        Path(args.out).write_text(json.dumps({c.setting: c.threshold for c in results}, indent=1) + "\n")
     return 0
 
 

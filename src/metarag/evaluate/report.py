@@ -211,6 +211,12 @@ def report_table(runs: Sequence[LoadedRun], *, baseline: int | None = 0, tests: 
     return "\n".join(lines), rows
 
 
+# A judge whose one verdict takes this share of its checks decides nothing (issue 13: MetaRAG's
+# sufficiency judges said "sufficient" on 41 of 41 checks); the breakdown says so on its row.
+DEGENERATE_SHARE = 0.95
+DEGENERATE_NOTE = "degenerate: one verdict >= 95 %"
+
+
 def breakdown(run: LoadedRun) -> str:
     """Counts and shares of every judge's verdicts and every decision's choices (study Table 2)."""
     counts: Counter[tuple[str, str, str]] = Counter()
@@ -227,9 +233,11 @@ def breakdown(run: LoadedRun) -> str:
     totals: Counter[tuple[str, str]] = Counter()
     for (kind, name, _), c in counts.items():
         totals[(kind, name)] += c
-    lines = [f"### {run.name}", "", "| kind | name | verdict | count | % |", "|---|---|---|---|---|"]
+    lines = [f"### {run.name}", "", "| kind | name | verdict | count | % | note |", "|---|---|---|---|---|---|"]
     for (kind, name, verdict), c in sorted(counts.items()):
-        lines.append(f"| {kind} | {name} | {verdict} | {c} | {100 * c / totals[(kind, name)]:.1f} |")
+        share = c / totals[(kind, name)]
+        note = DEGENERATE_NOTE if kind == "judge" and verdict != "(answer)" and share >= DEGENERATE_SHARE else ""
+        lines.append(f"| {kind} | {name} | {verdict} | {c} | {100 * share:.1f} | {note} |")
     return "\n".join(lines)
 
 

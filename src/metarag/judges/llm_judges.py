@@ -90,14 +90,15 @@ class YesNoJudge:
         return Verdict(self.yes_label if p_yes >= self.threshold else self.no_label, p_yes)
 
 
-def internal_sufficiency() -> YesNoJudge:
+def internal_sufficiency(threshold: float = 0.5) -> YesNoJudge:
     """Can the model answer from its own knowledge? (MetaRAG evaluation, internal knowledge.)"""
-    return YesNoJudge("internal-sufficiency", INTERNAL_TASK, "sufficient", "insufficient", uses_passages=False)
+    return YesNoJudge("internal-sufficiency", INTERNAL_TASK, "sufficient", "insufficient", threshold,
+                      uses_passages=False)
 
 
-def external_sufficiency() -> YesNoJudge:
+def external_sufficiency(threshold: float = 0.5) -> YesNoJudge:
     """Do the passages hold what is needed? (MetaRAG evaluation, external knowledge.)"""
-    return YesNoJudge("external-sufficiency", EXTERNAL_TASK, "sufficient", "insufficient")
+    return YesNoJudge("external-sufficiency", EXTERNAL_TASK, "sufficient", "insufficient", threshold)
 
 
 def llm_entailment(threshold: float = 0.5) -> YesNoJudge:

@@ -77,6 +77,10 @@ class MetaRAGSettings:
     neither); sweep both for the cost-quality curve. `stop_at_fixed_point` ends the loop when an iteration
     would start from the evidence and guidance of an earlier one (greedy decoding only; the answer is
     the one the full loop gives, see `methods/fixed_point.py`); False runs the papers' full loop.
+    `internal_threshold` / `external_threshold`: P(Yes) at or above which the sufficiency judges say
+    "sufficient". 0.5 (default) is the paper's rule, the verdict the model prefers; a threshold chosen
+    on training questions (`metarag calibrate-judges`) is the alternative for a judge that always says
+    one thing.
     """
 
     k: int = setting(5, ge=1)
@@ -90,6 +94,8 @@ class MetaRAGSettings:
     reason_length: str = "at most three short sentences"
     query_max_tokens: int = setting(32, ge=1)
     stop_at_fixed_point: bool = True
+    internal_threshold: float = setting(0.5, ge=0, le=1)
+    external_threshold: float = setting(0.5, ge=0, le=1)
 
     def __post_init__(self) -> None:
         check_ranges(self)
@@ -107,8 +113,8 @@ class MetaRAG:
         self.expert = make_expert(settings.expert)
         self.entailment = make_entailment(settings.entailment, settings.entailment_threshold)
         self.reasoning = ReasoningCheck()
-        self.internal = internal_sufficiency()
-        self.external = external_sufficiency()
+        self.internal = internal_sufficiency(settings.internal_threshold)
+        self.external = external_sufficiency(settings.external_threshold)
 
     def policy(self, question: Question) -> Policy:
         s = self.settings

@@ -1,0 +1,131 @@
+"""`metarag calibrate-judges`: decision thresholds for MetaRAG's sufficiency judges, chosen on a run
+over TRAINING questions, for a judge whose verdicts at the paper's rule (P(Yes) >= 0.5) are all one
+label (study Table 2; the 1.5B model said "sufficient" on 41 of 41 checks).
+
+Each judge's recorded P(Yes) is compared with what the judge is asked about, known on a training set:
+- external sufficiency ("do the passages hold all that is needed?"): every supporting passage of the
+  question is among the passages retrieved before that check;
+- internal sufficiency ("can you answer from your own knowledge?"): the closed-book run over the same
+  questions answers it exactly (EM), when such a run is given.
+The threshold kept is the one with the highest balanced accuracy (mean of the recall of both target
+classes: a judge that always says one thing scores 0.5 whatever the class balance), ties going to the
+threshold nearest 0.5, the paper's rule. Candidates are the midpoints between consecutive distinct
+scores, plus 0.5 itself.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from metarag.errors import ConfigError
+from metarag.evaluate.metrics import support_recall
+from metarag.records import Judge, Question, Retrieve, Trace
+
+JUDGES = ("internal-sufficiency", "external-sufficiency")
+SETTING = {"internal-sufficiency": "internal_threshold", "external-sufficiency": "external_threshold"}
+PAPER_RULE = 0.5
+EVAL_SPLITS = ("dev", "test")  # words in a dataset name that mark an evaluation split
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One judge check: its P(Yes) and whether the true answer to the judge's question is yes."""
+
+    judge: str
+    score: float
+    target: bool
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """One judge's threshold: the paper's rule against the balanced-accuracy choice."""
+
+    judge: str
+    n: int
+    positives: int
+    yes_share_rule: float       # share of "sufficient" verdicts at P(Yes) >= 0.5
+    balanced_rule: float
+    threshold: float
+    yes_share: float
+    balanced: float
+    note: str = ""
+
+    @property
+    def setting(self) -> str:
+        return SETTING[self.judge]
+
+
+def judge_samples(traces: Sequence[Trace], questions: Mapping[str, Question],
+                  closed_book_em: Mapping[str, float] | None = None) -> list[Sample]:
+    """Every sufficiency check of the traces with its target (see the module docstring)."""
+    samples: list[Sample] = []
+    for trace in traces:
+        question = questions.get(trace.question_id)
+        if question is None or trace.error is not None:
+            continue
+        seen: list[str] = []
+        for step in trace.steps:
+            if isinstance(step, Retrieve):
+                seen += [h.passage.id for h in step.hits]
+            elif isinstance(step, Judge) and step.name in JUDGES and step.score is not None:
+                if step.name == "external-sufficiency":
+                    recall = support_recall(seen, question.supporting_ids)
+                    if recall is not None:
+                        samples.append(Sample(step.name, step.score, recall == 1.0))
+                elif closed_book_em is not None and trace.question_id in closed_book_em:
+                    samples.append(Sample(step.name, step.score, closed_book_em[trace.question_id] == 1.0))
+    return samples
+
+
+def balanced_accuracy(samples: Sequence[Sample], threshold: float) -> float:
+    """Mean recall of the two target classes when "yes" is P(Yes) >= threshold (0.5 with one class)."""
+    pos = [s for s in samples if s.target]
+    neg = [s for s in samples if not s.target]
+    recalls = []
+    if pos:
+        recalls.append(sum(s.score >= threshold for s in pos) / len(pos))
+    if neg:
+        recalls.append(sum(s.score < threshold for s in neg) / len(neg))
+    return sum(recalls) / len(recalls) if recalls else 0.0
+
+
+def calibrate(samples: Sequence[Sample], judge: str) -> Calibration:
+    """The balanced-accuracy threshold for `judge` over its samples."""
+    mine = [s for s in samples if s.judge == judge]
+    if not mine:
+        raise ConfigError(f"no {judge} checks with a known target in the run; calibrate-judges needs a MetaRAG "
+                          "run over training questions" + (" and --closed-book RUN" if judge ==
+                                                           "internal-sufficiency" else ""))
+    positives = sum(s.target for s in mine)
+    scores = sorted({s.score for s in mine})
+    candidates = {PAPER_RULE, *((a + b) / 2 for a, b in zip(scores, scores[1:]))}
+    if scores:
+        candidates |= {scores[0], scores[-1] + 1e-9}
+    best = max(sorted(candidates), key=lambda t: (round(balanced_accuracy(mine, t), 12), -abs(t - PAPER_RULE)))
+    note = ""
+    if positives in (0, len(mine)):
+        note = "one target class only: no threshold can be chosen, the paper's rule is kept"
+        best = PAPER_RULE
+    return Calibration(judge, len(mine), positives, _yes_share(mine, PAPER_RULE), balanced_accuracy(mine, PAPER_RULE),
+                       round(best, 6), _yes_share(mine, best), balanced_accuracy(mine, best), note)
+
+
+def check_training_split(name: str, forced: bool) -> None:
+    """Thresholds are chosen on training questions only: refuse a run over a dev/test split unless forced."""
+    lowered = name.lower()
+    if not forced and any(word in lowered for word in EVAL_SPLITS):
+        raise ConfigError(f"run dataset {name!r} looks like an evaluation split; calibrate thresholds on training "
+                          "questions (e.g. --dataset hotpotqa-train100), or pass --allow-any")
+
+
+def calibration_table(results: Sequence[Calibration]) -> str:
+    lines = ["| judge | checks | target yes | sufficient at 0.5 | bal. acc at 0.5 | threshold | sufficient at it "
+             "| bal. acc at it | note |", "|---|---|---|---|---|---|---|---|---|"]
+    for c in results:
+        lines.append(f"| {c.judge} | {c.n} | {c.positives} | {100 * c.yes_share_rule:.1f} % | {c.balanced_rule:.3f} "
+                     f"| {c.threshold:.4f} | {100 * c.yes_share:.1f} % | {c.balanced:.3f} | {c.note} |")
+    return "\n".join(lines)
+
+
+def _yes_share(samples: Sequence[Sample], threshold: float) -> float:
+    return sum(s.score >= threshold for s in samples) / len(samples)
