@@ -1,19 +1,23 @@
 """Corpus files in, Passages out: the passage pools every retriever indexes.
 
-Four formats, told apart by their content, not their name:
+Five formats, told apart by their content, not their name:
   * JSON lines `{id, title, text}`;
   * JSON lines `{id, contents}`, contents being "title\\ntext" (FlashRAG's wiki-18 dump; the title
     may be wrapped in double quotes, which are dropped);
   * a JSON list of `{title, text}` (HippoRAG's corpora); ids come from `passage_id` unless a
     record carries its own `id` or `idx`;
   * a JSON object title -> list of sentences (HippoRAG's HotpotQA corpus); the sentences carry
-    their own leading spaces, so they are joined with "" and the result stripped.
+    their own leading spaces, so they are joined with "" and the result stripped;
+  * a JSON list of news articles `{title, author, source, published_at, category, url, body}`
+    (MultiHop-RAG's corpus.json): each body is cut into overlapping chunks (`chunk_article`), each
+    chunk a passage under the article's title.
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import os
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -86,6 +90,63 @@ def write_corpus_jsonl(passages: Iterable[Passage], path: str | os.PathLike[str]
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+# ----------------------------------------------------------------------------------- chunking
+# MultiHop-RAG (Tang & Yang, 2024) chunks its news articles with LlamaIndex's SentenceSplitter at
+# 256 tokens (simple_retrieval.py, --chunk_size 256, llama-index 0.9.40), leaving the overlap at the
+# splitter's default; EvoCtx (Table 10), whose MultiHop-RAG runs the toolkit reproduces, states the
+# same splitter with 256-token chunks and a 32-token overlap, so 32 here.
+CHUNK_TOKENS = 256
+CHUNK_OVERLAP_TOKENS = 32
+_TOKEN = re.compile(r"\w+|[^\w\s]")
+_SENTENCE_END = re.compile(r"(?<=[.!?])[\"'”’)\]]*\s+|\n\s*\n+")
+
+
+def count_tokens(text: str) -> int:
+    """Words and punctuation marks: a tokenizer-free stand-in for the splitter's tiktoken count
+    (close to it for English news text, a little under for rare words)."""
+    return len(_TOKEN.findall(text))
+
+
+def chunk_article(body: str, chunk_tokens: int = CHUNK_TOKENS,
+                  overlap_tokens: int = CHUNK_OVERLAP_TOKENS) -> list[str]:
+    """A body cut the SentenceSplitter way: whole sentences packed into chunks of at most
+    `chunk_tokens`, each chunk after the first starting with the previous chunk's last sentences
+    that fit in `overlap_tokens`; a sentence longer than a chunk is cut at word boundaries."""
+    if not 0 <= overlap_tokens < chunk_tokens:
+        raise ValueError(f"the overlap ({overlap_tokens}) must be at least 0 and under the chunk size ({chunk_tokens})")
+    pieces: list[tuple[str, int]] = []
+    for sentence in (s.strip() for s in _SENTENCE_END.split(body)):
+        if not sentence:
+            continue
+        size = count_tokens(sentence)
+        if size <= chunk_tokens:
+            pieces.append((sentence, size))
+            continue
+        words: list[str] = []
+        for word in sentence.split():
+            if words and count_tokens(" ".join([*words, word])) > chunk_tokens:
+                pieces.append((" ".join(words), count_tokens(" ".join(words))))
+                words = []
+            words.append(word)
+        if words:
+            pieces.append((" ".join(words), count_tokens(" ".join(words))))
+    chunks: list[str] = []
+    current: list[tuple[str, int]] = []
+    for piece in pieces:
+        if current and sum(n for _, n in current) + piece[1] > chunk_tokens:
+            chunks.append(" ".join(t for t, _ in current))
+            carried: list[tuple[str, int]] = []
+            for kept in reversed(current):
+                if sum(n for _, n in carried) + kept[1] + piece[1] > min(overlap_tokens + piece[1], chunk_tokens):
+                    break
+                carried.insert(0, kept)
+            current = carried
+        current.append(piece)
+    if current:
+        chunks.append(" ".join(t for t, _ in current))
+    return chunks
 
 
 # ------------------------------------------------------------------------------------ reading
@@ -173,10 +234,19 @@ def _from_records(records: Any, where: str) -> list[Passage]:
         raise DataError("expected a JSON list of {title, text} records", path=where)
     seen = _Ids()
     passages = []
+    articles = bool(records) and isinstance(records[0], dict) and "body" in records[0] and "text" not in records[0]
     for i, record in enumerate(records):
         loc = _Where(where, record=i)
         if not isinstance(record, dict):
             raise loc.error(f"expected a JSON object, found {type(record).__name__}")
+        if articles:
+            if "body" not in record:
+                raise loc.error("missing article body (record 0 reads as a MultiHop-RAG article)", field="body")
+            title, body = _str_field(record, "title", loc), _str_field(record, "body", loc)
+            article = passage_id(title, body)
+            for j, chunk in enumerate(chunk_article(body)):
+                passages.append(seen.add(Passage(f"{article}-{j}", title, chunk), loc))
+            continue
         if "text" not in record:
             raise loc.error("missing passage text", field="text")
         title, text = _str_field(record, "title", loc, default=""), _str_field(record, "text", loc)

@@ -20,7 +20,7 @@ from metarag.data.formats import FORMATS, ParsedQuestion, detect_format, parse_q
 from metarag.errors import ConfigError, DataError, close_matches
 from metarag.records import Passage, Question
 
-__all__ = ["DEMO", "FORMATS", "PRESETS", "Dataset", "Preset", "find_data_dir", "load_dataset",
+__all__ = ["DEMO", "EVIDENCE_FACTS", "FORMATS", "PRESETS", "Dataset", "Preset", "find_data_dir", "load_dataset",
            "resolve_preset", "sample"]
 
 
@@ -54,15 +54,22 @@ class Dataset:
 def load_dataset(path: str | os.PathLike[str], format: str | None = None, *,
                  corpus: str | os.PathLike[str] | None = None,
                  ground_truth: str | os.PathLike[str] | None = None,
-                 name: str | None = None, allow_unanswerable: bool = False) -> Dataset:
+                 name: str | None = None, allow_unanswerable: bool = False,
+                 pool: str | None = None) -> Dataset:
     """Read a benchmark question file in one of `FORMATS` (detected from its content when not named).
 
     `corpus` replaces the distractor pool with a corpus file's passages, supporting paragraphs
     being matched to them by title (and by text where a title repeats). `ground_truth` is the
     MultiHop-RAG answers file, found beside the queries when not given. A question without a gold
     answer or without text is refused (DataError naming its record); `allow_unanswerable` scores
-    one without a gold answer as unanswerable instead (see `formats.UNANSWERABLE`).
+    one without a gold answer as unanswerable instead (see `formats.UNANSWERABLE`). `pool` =
+    EVIDENCE_FACTS ("evidence-facts") builds the passage pool from the supporting facts of every
+    question instead (MultiHop-RAG without its corpus: see `_map_to_facts`).
     """
+    if pool is not None and pool != EVIDENCE_FACTS:
+        raise ConfigError(f"unknown passage pool {pool!r}; the one pool there is: {EVIDENCE_FACTS}")
+    if pool is not None and corpus is not None:
+        raise ConfigError(f"pool={pool!r} builds its own passages; give it no corpus")
     if format is not None and format not in FORMATS:
         raise ConfigError(f"unknown dataset format {format!r}{close_matches(format, FORMATS)}")
     file = read_question_file(path)
@@ -75,6 +82,8 @@ def load_dataset(path: str | os.PathLike[str], format: str | None = None, *,
     if corpus is not None:
         passages = tuple(load_corpus(corpus))
         questions, missing = _map_to_corpus(parsed, passages)
+    elif pool == EVIDENCE_FACTS:
+        passages, questions, missing = _map_to_facts(parsed, file.path)
     elif any(item.paragraphs is not None for item in parsed):
         passages, contexts, questions, missing = _map_to_paragraphs(parsed)
     else:  # no pool to map into: any supporting titles the file names stay unmapped
@@ -126,13 +135,46 @@ def _map_to_corpus(parsed: list[ParsedQuestion], passages: tuple[Passage, ...]) 
     return tuple(questions), tuple(missing)
 
 
+def _map_to_facts(parsed: list[ParsedQuestion], path: str) -> tuple[
+        tuple[Passage, ...], tuple[Question, ...], tuple[int, ...]]:
+    """The evidence-fact pool: every question's supporting (title, fact) pairs, once each, as passages.
+
+    MultiHop-RAG's news corpus is not offline; its ground truth names each query's evidence facts
+    with their article titles (1,153 over the 500 queries of the shared sample, 438 of them
+    distinct: a fact that several queries cite is one passage, so no top-k holds copies). Every
+    question retrieves over the whole pool (all questions' facts, so the other questions' facts are
+    its distractors; `sample` keeps the whole pool), and its supporting ids are its own facts'
+    passages, found by article title and fact. Report it as "MultiHop-RAG, evidence-fact pool",
+    never as the benchmark with its corpus.
+    """
+    pool: dict[str, Passage] = {}
+    questions = []
+    for item in parsed:
+        ids = []
+        for title, text in item.supporting:
+            if text is None:
+                continue
+            pid = passage_id(title, text)
+            pool.setdefault(pid, Passage(pid, title, text))
+            ids.append(pid)
+        questions.append(replace(item.question, supporting_ids=tuple(dict.fromkeys(ids))))
+    if not pool:
+        raise DataError("no supporting facts in any question: nothing to build the evidence-fact pool from",
+                        path=path)
+    return tuple(pool.values()), tuple(questions), tuple(0 for _ in parsed)
+
+
 def _corpus_match(candidates: list[Passage], text: str | None) -> Passage | None:
-    """The one passage among those with the paragraph's title that is the paragraph, if any is."""
+    """The one passage among those with the paragraph's title that is the paragraph (or, for a
+    chunked article, the chunk that holds it), if any is."""
     if len(candidates) == 1:
         return candidates[0]
     if text is None:
         return None
-    for same in (lambda p: p.text == text, lambda p: _squash(p.text) == _squash(text)):
+    # The last rule is MultiHop-RAG's retrieval_evaluate.py: the evidence fact, spaces and newlines
+    # removed, is a substring of the chunk so stripped.
+    for same in (lambda p: p.text == text, lambda p: _squash(p.text) == _squash(text),
+                 lambda p: _unspaced(text) in _unspaced(p.text)):
         matches = [p for p in candidates if same(p)]
         if matches:
             return matches[0]
@@ -141,6 +183,10 @@ def _corpus_match(candidates: list[Passage], text: str | None) -> Passage | None
 
 def _squash(text: str) -> str:
     return re.sub(r"\s+", " ", text).strip()
+
+
+def _unspaced(text: str) -> str:
+    return text.replace(" ", "").replace("\n", "")
 
 
 def sample(dataset: Dataset, limit: int, seed: int) -> Dataset:
@@ -169,7 +215,10 @@ class Preset(NamedTuple):
     path: str
     format: str
     corpus: str | None = None
+    pool: str | None = None
 
+
+EVIDENCE_FACTS = "evidence-facts"
 
 PRESETS: dict[str, Preset] = {
     "hotpotqa-dev500": Preset("hotpotqa/dev500_ircot.jsonl", "ircot"),
@@ -184,6 +233,8 @@ PRESETS: dict[str, Preset] = {
     "triviaqa-1000": Preset("triviaqa/test1000.jsonl", "flashrag"),
     "popqa-1000": Preset("popqa/test1000.jsonl", "flashrag"),
     "multihop-rag-500": Preset("multihop_rag/sample500_queries.json", "multihop-rag"),
+    # "MultiHop-RAG, evidence-fact pool": the 500 queries over their own evidence facts (no news corpus)
+    "multihop-rag-facts": Preset("multihop_rag/sample500_queries.json", "multihop-rag", pool=EVIDENCE_FACTS),
 }
 
 # The HotpotQA train100 files shipped inside the package, usable with no data folder at all.
@@ -227,7 +278,7 @@ def resolve_preset(name: str, data_dir: str | os.PathLike[str] | None = None, *,
             raise ConfigError(f"preset {name}: {relative} is not in the data folder {folder}; {_NO_DATA_DIR}")
     corpus = folder / preset.corpus if preset.corpus else None
     return load_dataset(folder / preset.path, preset.format, corpus=corpus, name=name,
-                        allow_unanswerable=allow_unanswerable)
+                        allow_unanswerable=allow_unanswerable, pool=preset.pool)
 
 
 def _load_demo() -> Dataset:

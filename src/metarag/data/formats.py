@@ -375,19 +375,43 @@ def parse_multihop_rag(file: QuestionFile, ground_truth: str | Path | None = Non
     ground truth is keyed by query id the keys must agree with the queries' ids.
     """
     inline = "answer" in file.records[0].data
-    answers = _ground_truth(file, ground_truth) if ground_truth is not None or not inline else None
+    truths = _ground_truth(file, ground_truth) if ground_truth is not None or not inline else None
     parsed = []
     for record in file.records:
-        answer = record.text("answer") if answers is None else answers[record.index]
+        truth = record if truths is None else truths[record.index]
+        answer = truth.text("answer")
         question = Question(id=record.ident("id", required=False) or str(record.index),
-                            text=record.text("question", "query"), answers=gold_answers([answer]),
+                            text=record.text("question", "query"),
+                            answers=gold_answers([answer], _null_aliases(answer)),
                             type=record.text("question_type", required=False))
-        parsed.append(ParsedQuestion(question, None))
+        parsed.append(ParsedQuestion(question, None, _evidence(truth)))
     return parsed
 
 
-def _ground_truth(file: QuestionFile, path: str | Path | None) -> list[str]:
-    """The answers of a MultiHop-RAG ground-truth file, in query order."""
+# MultiHop-RAG's null queries answer "Insufficient information." Its qa_evaluate.py counts a reply as
+# right when it shares a whitespace word with the gold (lower-cased); for the null answer the word that
+# tells an abstention is "insufficient", so "Insufficient" is an alias (EM / Acc then agree with it).
+MULTIHOP_RAG_NULL = "insufficient information"
+
+
+def _null_aliases(answer: str) -> tuple[str, ...]:
+    return ("Insufficient information", "Insufficient") if \
+        answer.strip().rstrip(".").lower() == MULTIHOP_RAG_NULL else ()
+
+
+def _evidence(truth: Record) -> tuple[tuple[str, str | None], ...]:
+    """A MultiHop-RAG record's evidence facts as (article title, fact) supporting pairs."""
+    facts = truth.value("evidence_list", kind=list, required=False) or []
+    pairs = []
+    for j, fact in enumerate(facts):
+        if not (isinstance(fact, dict) and isinstance(fact.get("title"), str) and isinstance(fact.get("fact"), str)):
+            raise truth.error(f"evidence_list[{j}] is not an object with string title and fact", field="evidence_list")
+        pairs.append((fact["title"], fact["fact"]))
+    return tuple(pairs)
+
+
+def _ground_truth(file: QuestionFile, path: str | Path | None) -> list[Record]:
+    """The records (answer, evidence_list) of a MultiHop-RAG ground-truth file, in query order."""
     if path is None:
         path = find_ground_truth(file.path)
     where = str(path)
@@ -409,7 +433,7 @@ def _ground_truth(file: QuestionFile, path: str | Path | None) -> list[str]:
     if len(entries) != len(file.records):
         raise DataError(f"{len(entries)} ground-truth entries for {len(file.records)} queries in {file.path}",
                         path=where)
-    answers = []
+    truths = []
     for i, (record, entry) in enumerate(zip(file.records, entries)):
         if not isinstance(entry, dict):
             raise DataError(f"record {i}: expected a JSON object, found {type(entry).__name__}", path=where)
@@ -417,8 +441,9 @@ def _ground_truth(file: QuestionFile, path: str | Path | None) -> list[str]:
         qid = record.ident("id", required=False)
         if keys is not None and qid is not None and keys[i] != qid:
             raise truth.error(f"ground truth is keyed {keys[i]!r} where query {i} has id {qid!r}")
-        answers.append(truth.text("answer"))
-    return answers
+        truth.text("answer")  # checked here, so a missing answer names this file
+        truths.append(truth)
+    return truths
 
 
 def find_ground_truth(queries: str | Path) -> Path:
