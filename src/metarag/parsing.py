@@ -506,3 +506,103 @@ def parse_permutation(text: str, n: int) -> tuple[list[int], list[str]]:
         problems.append(f"ids not ranked, kept after the ranked ones in their original order: "
                         f"{', '.join(str(i + 1) for i in missing)}")
     return order + missing, problems
+
+
+# ----------------------------------------------------------------------------- ReAct's actions
+# "Action:" / "Action 3:" labels (any case, markdown around them), not inside a word ("Reaction:").
+_REACT_ACTION_LABEL = re.compile(r"(?<![A-Za-z])action[^\S\n]*+(?:\d++)?[*_\s]*:", re.IGNORECASE)
+# A leading "Thought 2:" label the model repeated, markdown and spaces around it.
+_REACT_THOUGHT_LABEL = re.compile(r"^[*_\s]*(?:thought[^\S\n]*+(?:\d++)?[*_\s]*:[*_\s]*)?", re.IGNORECASE)
+# An action written without its label ("... so I search. Search[Paris]"): the name, then its bracket.
+_REACT_BARE = re.compile(r"(?<![A-Za-z])(?:search|lookup|finish)[^\S\n]*+[\[(]", re.IGNORECASE)
+# One action: its name (any case), an opening bracket "[" or "(" (or a colon), the argument up to the
+# first closing bracket, or to the end of the line when the bracket is missing.
+_REACT_CALL = re.compile(r"(search|lookup|finish)[^\S\n]*+(?:\[([^\]\n]*+)\]?|\(([^)\n]*+)\)?|:([^\n]*+))",
+                         re.IGNORECASE)
+_REACT_LEAD = "*_`\"' \t>-"
+REACT_ACTIONS = ("search", "lookup", "finish")
+
+
+def split_thought_action(text: str) -> tuple[str, str | None]:
+    """(thought, action text) of one ReAct step reply, the reply continuing a "Thought n:" line.
+
+    The thought is the text before the first "Action:" / "Action n:" label (any case), a repeated
+    leading "Thought n:" label removed, its lines joined by spaces; the action text is the rest of
+    that label's line, or, when the rest is empty, the next non-empty line. Without any label, the
+    first action written bare ("Search[", "lookup(", any case) starts the action text (to its line's
+    end). Without either, the action text is None: the reply holds no action (the caller re-asks
+    for it, as ReAct's code does).
+    """
+    label = _REACT_ACTION_LABEL.search(text)
+    if label is not None:
+        head, rest = text[:label.start()], text[label.end():]
+        lines = rest.split("\n")
+        action = lines[0].strip() or next((ln.strip() for ln in lines[1:] if ln.strip()), "")
+    else:
+        bare = _REACT_BARE.search(text)
+        if bare is None:
+            return _thought(text), None
+        head, action = text[:bare.start()], text[bare.start():].split("\n", 1)[0].strip()
+    return _thought(head), action
+
+
+def _thought(text: str) -> str:
+    text = text[_REACT_THOUGHT_LABEL.match(text).end():]
+    return " ".join(text.split()).rstrip("*_ ").strip()
+
+
+def parse_react_action(text: str) -> tuple[str, str] | None:
+    """(kind, argument) of a ReAct action, kind one of REACT_ACTIONS; None when the text is no action.
+
+    Tolerant by fixed rules: the first action of the text counts (several actions in one reply: the
+    first); a leading "Action n:" label, markdown and quotes are skipped; the name in any case;
+    "[arg]", "(arg)" or "name: arg"; a missing closing bracket takes the rest of the line; spaces
+    and quotes around the argument are removed. Search and Lookup need a non-empty argument (else
+    None); an empty Finish[] is a finish with the answer "" (as ReAct's environment takes "finish[]").
+    """
+    label = _REACT_ACTION_LABEL.match(text.lstrip(_REACT_LEAD))
+    if label is not None:
+        text = text.lstrip(_REACT_LEAD)[label.end():]
+    call = _REACT_CALL.search(text)
+    if call is None or text[:call.start()].strip(_REACT_LEAD + "\n"):
+        return None  # no action, or prose before it: "I would Search[x]" is not an action line
+    kind = call.group(1).lower()
+    raw = next(g for g in (call.group(2), call.group(3), call.group(4)) if g is not None)
+    argument = raw.strip().strip("\"'`“”‘’*").strip()
+    if not argument and kind != "finish":
+        return None
+    return kind, argument
+
+
+# --------------------------------------------------------------- Search-R1 tags (search agents)
+_AGENT_TAG = re.compile(r"<(search|answer)>(.*?)</\1>", re.IGNORECASE | re.DOTALL)
+_AGENT_OPEN = re.compile(r"<(search|answer)>", re.IGNORECASE)
+AGENT_ACTIONS = ("search", "answer", "invalid")
+
+
+def read_agent_action(text: str) -> tuple[str, str, str]:
+    """(action, content, why invalid) of one search-agent step, `text` being the reply with the
+    closing tag its stop string cut restored (Search-R1's format: `<search> q </search>` or
+    `<answer> a </answer>`, reasoning in `<think>` around them).
+
+    The first complete `<search>…</search>` or `<answer>…</answer>` pair is the action (tags in any
+    case), its content stripped. Invalid, with the reason: no complete pair ("no tag"); opening tags
+    of both kinds ("both tags": the reply cannot be one action); an empty pair ("empty query",
+    "empty answer"). Invalid actions come back as ("invalid", "", reason); valid ones with reason "".
+    """
+    found = _AGENT_TAG.search(text)
+    if found is None:
+        return "invalid", "", "no tag"
+    if len({m.group(1).lower() for m in _AGENT_OPEN.finditer(text)}) > 1:
+        return "invalid", "", "both tags"
+    action, content = found.group(1).lower(), found.group(2).strip()
+    if not content:
+        return "invalid", "", f"empty {'query' if action == 'search' else 'answer'}"
+    return action, content, ""
+
+
+def agent_closing_tag(text: str) -> str | None:
+    """The closing tag a reply cut at a stop string was cut before, when a back-end did not say
+    which stop string fired: that of the last opening `<search>` / `<answer>` tag, None without one."""
+    opened = list(_AGENT_OPEN.finditer(text))
+    return f"</{opened[-1].group(1).lower()}>" if opened else None
