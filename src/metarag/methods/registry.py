@@ -19,6 +19,7 @@ METHODS: dict[str, tuple[str, str, str]] = {
     "sim-rag-practice": ("metarag.methods.sim_rag", "SimRAGPractice", "SelfPracticeSettings"),
     "evoctx": ("metarag.methods.evoctx", "EvoCtx", "EvoCtxSettings"),
     "iterdrag": ("metarag.methods.iterdrag", "IterDRAG", "IterDRAGSettings"),
+    "flare": ("metarag.methods.flare", "FLARE", "FLARESettings"),
     "react": ("metarag.methods.react", "ReAct", "ReActSettings"),
 }
 
