@@ -46,7 +46,8 @@ def test_golden_trace(name, corpus):
 # Methods with several branches keep their golden traces in a test module of their own.
 OWN_GOLDEN_TESTS = {"metarag": "test_metarag.py", "sim-rag": "test_sim_rag.py", "evoctx": "test_evoctx.py",
                     "iterdrag": "test_evoctx.py", "sim-rag-practice": "test_sim_rag.py",
-                    "react": "test_react.py", "flare": "test_flare.py"}
+                    "react": "test_react.py", "flare": "test_flare.py",
+                    "reflexion": "test_reflexion.py"}
 
 
 def test_every_method_has_a_golden_trace():

@@ -19,8 +19,11 @@ METHODS: dict[str, tuple[str, str, str]] = {
     "sim-rag-practice": ("metarag.methods.sim_rag", "SimRAGPractice", "SelfPracticeSettings"),
     "evoctx": ("metarag.methods.evoctx", "EvoCtx", "EvoCtxSettings"),
     "iterdrag": ("metarag.methods.iterdrag", "IterDRAG", "IterDRAGSettings"),
+    "search-r1": ("metarag.methods.search_agent", "SearchR1", "SearchR1Settings"),
+    "belief-agent": ("metarag.methods.search_agent", "BeliefAgent", "BeliefAgentSettings"),
     "flare": ("metarag.methods.flare", "FLARE", "FLARESettings"),
     "react": ("metarag.methods.react", "ReAct", "ReActSettings"),
+    "reflexion": ("metarag.methods.reflexion", "Reflexion", "ReflexionSettings"),
 }
 
 # Methods that never retrieve: a run of them needs no corpus and loads no index.
