@@ -1,0 +1,412 @@
+"""Rewards of the search agents, as pure functions of a finished trace (and its gold answers): the
+belief-action gap diagnosis and the correctness-gated consistency reward of the belief-action paper
+(Qi et al., 2026, "MetaRAG: Belief-Action Aligned Policy Optimization for Agentic RAG", §3.4, §3.5,
+Algorithm 1), its ablations, Search-R1's outcome reward and the β-GRPO baseline (Wu et al., 2025b).
+
+The trainer and `report --analysis agent` read traces through `agent_steps`, which follows the trace
+contract of `methods/search_agent.py` (`search-r1`, `belief-agent`) exactly: per decision step t, an
+optional belief probe (`Decide("belief", signals={"step": t, "b": b})`), an optional candidate
+(`Decide("agent-candidate")`), the step's generation (`Generate` purpose "agent-step", with per-token
+log-probs), the step's action (`Decide("agent-step", choice=search|answer|invalid)`) and, for a
+search, its `Retrieve` step. Everything else here works on the `AgentStep` tuples it returns.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from metarag.errors import ConfigError, DataError, close_matches
+from metarag.evaluate.metrics import exact_match
+from metarag.records import Decide, Generate, Rerank, Retrieve, TokenLogprob, Trace
+from metarag.settings import check_ranges, setting
+
+SEARCH, ANSWER, INVALID = "search", "answer", "invalid"
+ACTIONS = (SEARCH, ANSWER, INVALID)
+
+# names of the trace contract (AGENT_CONTRACT.md)
+STEP_DECISION = "agent-step"
+BELIEF_DECISION = "belief"
+CANDIDATE_DECISION = "agent-candidate"
+STEP_PURPOSE = "agent-step"
+SEARCH_OPEN, SEARCH_CLOSE = "<search>", "</search>"
+
+# the diagnoses of Algorithm 1 (and one for a step whose output was no valid action)
+OPTIMAL, OVER_SEARCH, UNDER_SEARCH, MARGIN_ZONE = "optimal", "over-search", "under-search", "margin"
+DIAGNOSES = (OPTIMAL, OVER_SEARCH, UNDER_SEARCH, MARGIN_ZONE, INVALID)
+
+
+@dataclass(frozen=True)
+class AgentStep:
+    """One decision step of a search agent, read off its trace.
+
+    `action`: search, answer or invalid (no tag, both tags, an empty query). `candidate`: the
+    verify-first candidate action (belief-agent), None without one. `belief`: the probe's
+    b = P(Yes) − P(No) on the step's context, None when the run did not probe. `query` and
+    `passage_ids`: what a search sent and got back. `query_logprobs`: the log-probabilities of the
+    generated tokens inside <search>...</search> (β-GRPO's query confidence). `forced`: the last
+    turn forced an answer. `verified`: the model kept the candidate (belief-agent), else None.
+    `text`: the step's generation (its reasoning and its tag)."""
+
+    step: int
+    action: str
+    candidate: str | None = None
+    belief: float | None = None
+    query: str | None = None
+    passage_ids: tuple[str, ...] = ()
+    query_logprobs: tuple[float, ...] = ()
+    forced: bool = False
+    verified: bool | None = None
+    text: str = ""
+
+    def __post_init__(self) -> None:
+        if self.action not in ACTIONS:
+            raise DataError(f"agent step {self.step}: action {self.action!r} is none of {', '.join(ACTIONS)}")
+        if self.belief is not None and not -1.0 <= self.belief <= 1.0:  # NaN fails too
+            raise DataError(f"agent step {self.step}: belief score {self.belief!r} is outside [-1, 1]")
+
+    @property
+    def query_confidence(self) -> float | None:
+        """β-GRPO's confidence of a search call: the lowest probability among its query's tokens
+        (Wu et al., 2025b); None for a step with no query tokens."""
+        return math.exp(min(self.query_logprobs)) if self.query_logprobs else None
+
+
+# ----------------------------------------------------------------------------- reading a trace
+def agent_steps(trace: Trace) -> tuple[AgentStep, ...]:
+    """The decision steps of a `search-r1` / `belief-agent` trace, in order (empty for a trace of
+    another method). A trace that breaks the contract (steps out of order, a belief score missing
+    or out of range, an unknown action) is a DataError naming the question and the step."""
+    where = f"trace of question {trace.question_id!r}"
+    steps: list[AgentStep] = []
+    beliefs: dict[int, float] = {}
+    candidates: dict[int, str] = {}
+    generation: Generate | None = None
+    searching = False  # the last step was a search whose Retrieve step has not come yet
+    retrieved = False  # the last step's Retrieve came last: a Rerank now replaces its passages
+    for s in trace.steps:
+        if isinstance(s, Decide) and s.name in (BELIEF_DECISION, CANDIDATE_DECISION, STEP_DECISION):
+            t = _step_index(s, where)
+            retrieved = False
+            if t != len(steps):
+                raise DataError(f"{where}: Decide {s.name!r} of step {t} where step {len(steps)} was due")
+            searching = False
+            if s.name == BELIEF_DECISION:
+                if "b" not in s.signals:
+                    raise DataError(f"{where}: the belief decision of step {t} has no signal 'b'")
+                beliefs[t] = s.signals["b"]
+            elif s.name == CANDIDATE_DECISION:
+                candidates[t] = s.choice
+            else:
+                text = generation.text if generation is not None else ""
+                logprobs = _query_logprobs(text, generation.logprobs) if generation and s.choice == SEARCH else ()
+                verified = s.signals.get("verified")
+                steps.append(AgentStep(
+                    step=t, action=s.choice, candidate=candidates.get(t), belief=beliefs.get(t),
+                    query=_search_text(text) if s.choice == SEARCH else None, query_logprobs=logprobs,
+                    forced=bool(s.signals.get("forced", 0)),
+                    verified=None if verified is None or t not in candidates else bool(verified), text=text))
+                generation = None
+                searching = s.choice == SEARCH
+        elif isinstance(s, Generate) and s.purpose == STEP_PURPOSE:
+            generation = s
+            searching = retrieved = False
+        elif isinstance(s, Retrieve):
+            if searching:
+                steps[-1] = dataclasses.replace(steps[-1], query=s.query,
+                                                passage_ids=tuple(h.passage.id for h in s.hits))
+            searching, retrieved = False, searching
+        elif isinstance(s, Rerank) and retrieved:
+            steps[-1] = dataclasses.replace(steps[-1], passage_ids=tuple(h.passage.id for h in s.hits))
+    return tuple(steps)
+
+
+def _step_index(step: Decide, where: str) -> int:
+    value = step.signals.get("step")
+    if value is None or not float(value).is_integer() or value < 0:
+        raise DataError(f"{where}: Decide {step.name!r} has no valid 'step' signal (got {value!r})")
+    return int(value)
+
+
+def _search_span(text: str) -> tuple[int, int] | None:
+    """Character span of the query inside the last <search> of a generation, whitespace trimmed.
+    Generation stops at </search>, so the closing tag is usually cut off: the span then runs to the end."""
+    opening = text.rfind(SEARCH_OPEN)
+    if opening < 0:
+        return None
+    start = opening + len(SEARCH_OPEN)
+    end = text.find(SEARCH_CLOSE, start)
+    end = len(text) if end < 0 else end
+    while start < end and text[start].isspace():
+        start += 1
+    while end > start and text[end - 1].isspace():
+        end -= 1
+    return start, end
+
+
+def _search_text(text: str) -> str | None:
+    span = _search_span(text)
+    return None if span is None else text[span[0]:span[1]]
+
+
+def _query_logprobs(text: str, tokens: Sequence[TokenLogprob] | None) -> tuple[float, ...]:
+    """Log-probs of the generated tokens whose piece overlaps the query inside <search>...</search>.
+    Offsets are the tokens' own; tokens recorded without offsets (all 0) are placed by their pieces."""
+    span = _search_span(text)
+    if not tokens or span is None or span[0] == span[1]:
+        return ()
+    if any(t.offset for t in tokens[1:]):
+        offsets = [t.offset for t in tokens]
+    else:
+        offsets, at = [], 0
+        for t in tokens:
+            offsets.append(at)
+            at += len(t.token)
+    start, end = span
+    return tuple(t.logprob for t, off in zip(tokens, offsets) if off < end and off + len(t.token) > start)
+
+
+# ---------------------------------------------------------------------------------- diagnosis
+def diagnose(belief: float, action: str, margin: float = 0.0) -> str:
+    """Algorithm 1's belief-action gap diagnosis of one step (§3.4), margin m in [0, 1):
+    b > m and ANSWER, or b < −m and SEARCH: optimal; b > m and SEARCH: over-search; b < −m and
+    ANSWER: under-search; |b| ≤ m: the margin zone. A step with no valid action is `invalid`."""
+    _check_margin(margin)
+    if not -1.0 <= belief <= 1.0:
+        raise DataError(f"belief score {belief!r} is outside [-1, 1]")
+    if action == INVALID:
+        return INVALID
+    if action not in (SEARCH, ANSWER):
+        raise DataError(f"action {action!r} is none of {', '.join(ACTIONS)}")
+    if abs(belief) <= margin:
+        return MARGIN_ZONE
+    if belief > margin:
+        return OPTIMAL if action == ANSWER else OVER_SEARCH
+    return OPTIMAL if action == SEARCH else UNDER_SEARCH
+
+
+def diagnoses(steps: Sequence[AgentStep], margin: float = 0.0) -> tuple[str | None, ...]:
+    """Each step's diagnosis; None for a step the run did not probe."""
+    return tuple(None if s.belief is None else diagnose(s.belief, s.action, margin) for s in steps)
+
+
+def _check_margin(margin: float) -> None:
+    if not 0.0 <= margin < 1.0:  # NaN fails too
+        raise ConfigError(f"the margin m must be in [0, 1), got {margin!r}")
+
+
+@dataclass(frozen=True)
+class GapRates:
+    """Belief-based search-error rates over many trajectories' probed steps (pooled, not averaged
+    per trajectory): under-search = share of ANSWER steps with b < −m (the paper's Figure 3),
+    over-search = share of SEARCH steps with b > m; NaN where there is no such step. `unprobed`
+    counts valid steps without a belief score, left out of both."""
+
+    answer_steps: int
+    under_search: int
+    search_steps: int
+    over_search: int
+    unprobed: int = 0
+
+    @property
+    def under_search_rate(self) -> float:
+        return self.under_search / self.answer_steps if self.answer_steps else math.nan
+
+    @property
+    def over_search_rate(self) -> float:
+        return self.over_search / self.search_steps if self.search_steps else math.nan
+
+
+def gap_rates(trajectories: Iterable[Sequence[AgentStep]], margin: float = 0.0) -> GapRates:
+    """Pooled under- and over-search rates of a run's (or a rollout group's) trajectories."""
+    _check_margin(margin)
+    counts = dict(answer_steps=0, under_search=0, search_steps=0, over_search=0, unprobed=0)
+    for steps in trajectories:
+        for s in steps:
+            if s.action == INVALID:
+                continue
+            if s.belief is None:
+                counts["unprobed"] += 1
+                continue
+            diagnosis = diagnose(s.belief, s.action, margin)
+            if s.action == ANSWER:
+                counts["answer_steps"] += 1
+                counts["under_search"] += diagnosis == UNDER_SEARCH
+            else:
+                counts["search_steps"] += 1
+                counts["over_search"] += diagnosis == OVER_SEARCH
+    return GapRates(**counts)
+
+
+# ------------------------------------------------------------------------------------ rewards
+@dataclass(frozen=True)
+class RewardSettings:
+    """The reward's knobs, with the belief-action paper's defaults (Qi et al., 2026, §3.5 and
+    Appendix D): λ = 0.1 (`consistency_weight`; its ablations 0.0–0.4), m = 0.0 (`margin`), the
+    invalid-action reward −0.01 (`invalid_penalty`, subtracted once per invalid step as verl-agent's
+    invalid-action penalty is, which the paper's trainer builds on). `query_confidence_threshold` is
+    β-GRPO's β (Wu et al., 2025b, §5): the method card gives no value; 0.4 is the value we recall
+    from that paper's experiments — its text is not in this library, so override it where it differs."""
+
+    consistency_weight: float = setting(0.1, ge=0)
+    margin: float = setting(0.0, ge=0, lt=1)
+    invalid_penalty: float = setting(0.01, ge=0)
+    query_confidence_threshold: float = setting(0.4, ge=0, le=1)
+
+    def __post_init__(self) -> None:
+        check_ranges(self)
+
+
+@dataclass(frozen=True)
+class Reward:
+    """A trajectory's reward and its parts, each logged on its own by the trainer: `total`, the
+    outcome (EM of the final answer), the consistency R_consist (None for rewards without one), the
+    penalty taken for invalid actions, the searches made, the share of its ANSWER steps diagnosed
+    under-search (None without a probed ANSWER step) and each step's diagnosis (None: unprobed)."""
+
+    total: float
+    outcome: float
+    consistency: float | None = None
+    penalty: float = 0.0
+    searches: int = 0
+    invalid_actions: int = 0
+    under_search_rate: float | None = None
+    diagnoses: tuple[str | None, ...] = ()
+
+
+def outcome_reward(answer: str | None, golds: Sequence[str]) -> float:
+    """R_outcome = 1[EM(final answer, gold)] (Search-R1's and the paper's outcome reward); 0 for a
+    trajectory that ended without an answer."""
+    if isinstance(golds, str) or not golds:
+        raise DataError("the reward needs the question's gold answers (a non-empty list of strings)")
+    return exact_match(answer, golds) if answer else 0.0
+
+
+# which steps a consistency variant credits (o_t = 1): the full reward credits both OPTIMAL cases
+_CREDITED: dict[str, Callable[[AgentStep, str], bool]] = {
+    "both": lambda s, d: d == OPTIMAL,
+    "over-only": lambda s, d: d == OPTIMAL and s.action == ANSWER,   # confident ANSWER: no over-search
+    "under-only": lambda s, d: d == OPTIMAL and s.action == SEARCH,  # unconfident SEARCH: no under-search
+}
+
+
+def consistency_reward(steps: Sequence[AgentStep], margin: float = 0.0, credit: str = "both") -> float:
+    """R_consist(τ) = (1/T_τ) Σ_t o_t over the trajectory's decision steps (Algorithm 1), with o_t = 1
+    for an OPTIMAL step and 0 for over-search, under-search, the margin zone and an invalid step
+    (a decision step at which the model took no valid action). `credit` "over-only" credits only the
+    OPTIMAL steps that guard against over-search (b > m and ANSWER), "under-only" only those against
+    under-search (b < −m and SEARCH): the paper's two single-sided ablations. 0 for no steps. Every
+    step needs its belief score: a run without the probe cannot be rewarded for consistency."""
+    if credit not in _CREDITED:
+        raise ConfigError(f"unknown consistency credit {credit!r}{close_matches(credit, _CREDITED)}")
+    _check_margin(margin)
+    if not steps:
+        return 0.0
+    credited = _CREDITED[credit]
+    total = 0
+    for s in steps:
+        if s.belief is None:
+            raise DataError(f"agent step {s.step} has no belief score: the consistency reward needs the belief "
+                            "probe at every decision step (--set probe=true)")
+        total += credited(s, diagnose(s.belief, s.action, margin))
+    return total / len(steps)
+
+
+def total_reward(outcome: float, consistency: float, weight: float = 0.1, *, gated: bool = True) -> float:
+    """R_total = R_outcome · (1 + λ·R_consist): consistency counts only on a correct trajectory. The
+    ungated ablation, R_outcome + λ·R_consist, rewards consistency on wrong trajectories too."""
+    return outcome * (1 + weight * consistency) if gated else outcome + weight * consistency
+
+
+def _base(trace: Trace, golds: Sequence[str]) -> tuple[tuple[AgentStep, ...], float]:
+    return agent_steps(trace), outcome_reward(trace.answer, golds)
+
+
+def _counts(steps: Sequence[AgentStep]) -> dict[str, int]:
+    return {"searches": sum(s.action == SEARCH for s in steps),
+            "invalid_actions": sum(s.action == INVALID for s in steps)}
+
+
+def _under_share(steps: Sequence[AgentStep], margin: float) -> float | None:
+    rates = gap_rates([steps], margin)
+    return None if rates.answer_steps == 0 else rates.under_search_rate
+
+
+def search_r1_reward(trace: Trace, golds: Sequence[str], settings: RewardSettings = RewardSettings()) -> Reward:
+    """Search-R1's reward: the outcome (EM) alone, no format or invalid-action term (Jin et al., 2025)."""
+    steps, outcome = _base(trace, golds)
+    return Reward(outcome, outcome, **_counts(steps), under_search_rate=_under_share(steps, settings.margin),
+                  diagnoses=diagnoses(steps, settings.margin))
+
+
+def _belief_reward(trace: Trace, golds: Sequence[str], settings: RewardSettings, credit: str,
+                   gated: bool) -> Reward:
+    steps, outcome = _base(trace, golds)
+    consistency = consistency_reward(steps, settings.margin, credit)
+    counts = _counts(steps)
+    penalty = settings.invalid_penalty * counts["invalid_actions"]
+    total = total_reward(outcome, consistency, settings.consistency_weight, gated=gated) - penalty
+    return Reward(total, outcome, consistency, penalty, **counts,
+                  under_search_rate=_under_share(steps, settings.margin), diagnoses=diagnoses(steps, settings.margin))
+
+
+def belief_reward(trace: Trace, golds: Sequence[str], settings: RewardSettings = RewardSettings()) -> Reward:
+    """The belief-action paper's reward (§3.5): R_outcome·(1 + λ·R_consist), minus the invalid-action
+    penalty once per invalid step."""
+    return _belief_reward(trace, golds, settings, "both", gated=True)
+
+
+def belief_over_only_reward(trace: Trace, golds: Sequence[str], settings: RewardSettings = RewardSettings()) -> Reward:
+    """Ablation "over-search only": consistency credit for confident ANSWER steps only."""
+    return _belief_reward(trace, golds, settings, "over-only", gated=True)
+
+
+def belief_under_only_reward(trace: Trace, golds: Sequence[str], settings: RewardSettings = RewardSettings()) -> Reward:
+    """Ablation "under-search only": consistency credit for unconfident SEARCH steps only."""
+    return _belief_reward(trace, golds, settings, "under-only", gated=True)
+
+
+def belief_ungated_reward(trace: Trace, golds: Sequence[str], settings: RewardSettings = RewardSettings()) -> Reward:
+    """Ablation "ungated": R_outcome + λ·R_consist, consistency rewarded on wrong trajectories too
+    (the paper's most damaging variant)."""
+    return _belief_reward(trace, golds, settings, "both", gated=False)
+
+
+def beta_grpo_reward(trace: Trace, golds: Sequence[str], settings: RewardSettings = RewardSettings()) -> Reward:
+    """β-GRPO (Wu et al., 2025b; the paper's Appendix E baseline): 1 for a correct trajectory whose every
+    search call is confident — the lowest token probability of its query at least β — else 0. A
+    search step recorded without its query's token log-probs is a DataError (ask with logprobs)."""
+    steps, outcome = _base(trace, golds)
+    for s in steps:
+        if s.action == SEARCH and s.query_confidence is None:
+            raise DataError(f"trace of question {trace.question_id!r}, agent step {s.step}: a search without "
+                            "its query's token log-probs; β-GRPO reads them (Decoding(logprobs=1))")
+    confident = all(s.query_confidence >= settings.query_confidence_threshold  # type: ignore[operator]
+                    for s in steps if s.action == SEARCH)
+    total = outcome if confident else 0.0
+    return Reward(total, outcome, **_counts(steps), under_search_rate=_under_share(steps, settings.margin),
+                  diagnoses=diagnoses(steps, settings.margin))
+
+
+RewardFunction = Callable[[Trace, Sequence[str], RewardSettings], Reward]
+
+REWARDS: Mapping[str, RewardFunction] = {
+    "search-r1": search_r1_reward,
+    "belief": belief_reward,
+    "belief-over-only": belief_over_only_reward,
+    "belief-under-only": belief_under_only_reward,
+    "belief-ungated": belief_ungated_reward,
+    "beta-grpo": beta_grpo_reward,
+}
+
+# rewards that read the belief probe at every step: a trainer must run the probe for these
+NEEDS_PROBE = frozenset({"belief", "belief-over-only", "belief-under-only", "belief-ungated"})
+
+
+def reward_function(name: str) -> RewardFunction:
+    """The reward a trainer's `--reward NAME` names; ConfigError with the close matches otherwise."""
+    try:
+        return REWARDS[name]
+    except KeyError:
+        raise ConfigError(f"unknown reward {name!r}{close_matches(name, REWARDS)}") from None
