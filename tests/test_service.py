@@ -76,8 +76,9 @@ def test_a_batch_is_answered_in_one_call(service, local):
     assert len(answer["result"]) == 3
     for query, rows in zip(QUERIES, answer["result"]):
         expected = local.search(query, 2)
-        assert rows == [{"id": h.passage.id, "title": h.passage.title, "text": h.passage.text, "score": h.score}
-                        for h in expected]
+        assert rows == [{"id": h.passage.id, "title": h.passage.title, "text": h.passage.text, "score": h.score,
+                         "contents": h.passage.contents(),
+                         "document": {"id": h.passage.id, "contents": h.passage.contents()}} for h in expected]
     assert [row["id"] for row in answer["result"][0]] == ["p1", "p2"]
 
 

@@ -1,9 +1,14 @@
 """The retrieval service: one loaded index answering many workers over HTTP (FastAPI + uvicorn).
 
 `POST /retrieve` takes `{"queries": [...], "topk": k, "exclude": [[ids...], ...]}` ("exclude"
-optional, one list per query) and answers `{"retriever": name, "result": [[{id, title, text,
-score}, ...], ...]}`, one list per query, best first: the interface Search-R1-style agents call.
-`GET /health` says which retriever and how many passages. `retrieve/remote.py` is the client.
+optional, one list per query) and answers `{"retriever": name, "result": [[hit, ...], ...]}`, one
+list per query, best first. Each hit answers in two shapes at once: ours, `{id, title, text, score}`,
+and Search-R1's (`search_r1/search/retrieval_server.py`, which verl's search tool and the other RL
+trainers call): `document: {id, contents}` with `score` beside it, as it answers `return_scores:
+true`, and `contents` at the top as it answers without scores. `contents` is the passage's title
+and text joined by a newline, the FlashRAG / Search-R1 corpus field their clients split back into
+title and text. `GET /health` says which retriever and how many passages. `retrieve/remote.py` is
+our client.
 """
 # No `from __future__ import annotations` here: FastAPI reads the endpoint's annotations at runtime,
 # and they name classes imported inside `make_app`.
@@ -60,6 +65,8 @@ def parse_request(body: bytes, *, max_topk: int = 1000, max_queries: int = 4096)
     # bool is an int subclass, but `true` is no k.
     if isinstance(topk, bool) or not isinstance(topk, int) or not 1 <= topk <= max_topk:
         raise DataError(f'"topk" must be an integer from 1 to {max_topk}, got {topk!r}')
+    if not isinstance(payload.get("return_scores", False), bool):
+        raise DataError(f'"return_scores" must be true or false, got {payload["return_scores"]!r}')
     exclude = payload.get("exclude")
     if exclude is None:
         excluded: tuple[frozenset[str], ...] = (frozenset(),) * len(queries)
@@ -72,7 +79,7 @@ def parse_request(body: bytes, *, max_topk: int = 1000, max_queries: int = 4096)
 
 
 def answer(retriever: Retriever, request: RetrieveRequest) -> list[list[dict[str, Any]]]:
-    """Each query's hits as `{id, title, text, score}`; queries sharing an exclude set go in one batch."""
+    """Each query's hits in both shapes (`_hit_json`); queries sharing an exclude set go in one batch."""
     groups: dict[frozenset[str], list[int]] = {}
     for i, excluded in enumerate(request.exclude):
         groups.setdefault(excluded, []).append(i)
@@ -85,7 +92,10 @@ def answer(retriever: Retriever, request: RetrieveRequest) -> list[list[dict[str
 
 
 def _hit_json(hit: Hit) -> dict[str, Any]:
-    return {"id": hit.passage.id, "title": hit.passage.title, "text": hit.passage.text, "score": hit.score}
+    """One hit in our shape and Search-R1's (see the module docstring)."""
+    contents = hit.passage.contents()
+    return {"id": hit.passage.id, "title": hit.passage.title, "text": hit.passage.text, "score": hit.score,
+            "contents": contents, "document": {"id": hit.passage.id, "contents": contents}}
 
 
 def passage_count(retriever: Retriever) -> int | None:
