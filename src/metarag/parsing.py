@@ -423,6 +423,61 @@ def parse_step(text: str) -> tuple[str, str, bool]:
     return "final-prompt", "", True
 
 
+# The question Self-Ask's first reply answers ("Are follow up questions needed here: Yes."): its verdict
+# word, with the punctuation after it, at the very start of the reply.
+_NEEDED = re.compile(r"^[\s*_]*(?:yes|no)\b[\s.,;:!*_]*", re.IGNORECASE)
+
+
+def parse_self_ask_step(text: str, first: bool) -> tuple[str, str, bool]:
+    """(kind, text, unlabelled) of one Self-Ask step: `parse_step`'s rules, after the yes/no that
+    answers "Are follow up questions needed here:" when this is the `first` reply (so a bare "No."
+    is no follow-up "No."; "No.\nSo the final answer is: X" is ("final", X))."""
+    if first:
+        text = text[_NEEDED.match(text).end():] if _NEEDED.match(text) else text
+    return parse_step(text)
+
+
+# --------------------------------------------------------------------------- IRCoT's sentences
+# Words a period follows without ending a sentence (lowercase, no period): titles, "St.", months ...
+_ABBREVIATIONS = frozenset({
+    "mr", "mrs", "ms", "dr", "prof", "st", "mt", "ft", "jr", "sr", "gen", "col", "lt", "sgt", "capt", "gov",
+    "sen", "rep", "rev", "inc", "ltd", "co", "corp", "vs", "approx", "ca", "jan", "feb", "apr", "jun", "jul",
+    "aug", "sep", "sept", "oct", "nov", "dec", "e.g", "i.e", "a.m", "p.m", "u.s", "u.k",
+})
+_INITIALS = re.compile(r"(?:[a-z]\.)*[a-z]")  # "J", "U.S", "J.R.R" before the final period
+_SENTENCE_END = re.compile(r"[.!?]+[\"'”’)\]]*(?=\s|$)")
+
+
+def first_sentence(text: str) -> str:
+    """The first sentence of a reply (IRCoT keeps one CoT sentence per step), stripped; "" for none.
+
+    Rules: the reply's first non-empty line (a line break ends a sentence); on it, the first ".", "!"
+    or "?" (closing quotes or brackets after it kept) followed by whitespace or the line's end,
+    except a period after an abbreviation ("St.", "Dr.", "Jan."), an initial ("J.", "U.S.") or a list
+    number opening the line ("1."). Without one, the whole line. Linear time.
+    """
+    line = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
+    for match in _SENTENCE_END.finditer(line):
+        if line[match.start()] == ".":
+            word_start = line.rfind(" ", 0, match.start()) + 1
+            word = line[word_start:match.start()].lstrip("\"'“‘(").lower()
+            if word in _ABBREVIATIONS or _INITIALS.fullmatch(word) or (word_start == 0 and word.isdigit()):
+                continue
+        return line[:match.end()]
+    return line
+
+
+# IRCoT's stop phrase ("So the answer is: X"): "answer is", not inside a word, an optional colon.
+_ANSWER_IS = re.compile(r"(?<![A-Za-z])answer\s+is(?![\w'’])[\s*_]*:?", re.IGNORECASE)
+
+
+def answer_is(text: str) -> str | None:
+    """The answer after the first "answer is" phrase of `text` (IRCoT's stop phrase, "So the answer
+    is: Dijon." -> "Dijon"), cleaned; "" when the phrase ends the text; None without the phrase."""
+    found = _ANSWER_IS.search(text)
+    return None if found is None else clean_answer(text[found.end():])
+
+
 # ------------------------------------------------------------------------- EvoCtx's decisions
 # "Action:" anywhere (small models often end the reasoning line with it), not inside a word ("reaction:").
 _ACTION = re.compile(r"(?<![A-Za-z])action[*_\s]*:[*_\s]*([A-Za-z]+)", re.IGNORECASE)

@@ -19,6 +19,8 @@ METHODS: dict[str, tuple[str, str, str]] = {
     "sim-rag-practice": ("metarag.methods.sim_rag", "SimRAGPractice", "SelfPracticeSettings"),
     "evoctx": ("metarag.methods.evoctx", "EvoCtx", "EvoCtxSettings"),
     "iterdrag": ("metarag.methods.iterdrag", "IterDRAG", "IterDRAGSettings"),
+    "self-ask": ("metarag.methods.self_ask", "SelfAsk", "SelfAskSettings"),
+    "ircot": ("metarag.methods.ircot", "IRCoT", "IRCoTSettings"),
     "search-r1": ("metarag.methods.search_agent", "SearchR1", "SearchR1Settings"),
     "belief-agent": ("metarag.methods.search_agent", "BeliefAgent", "BeliefAgentSettings"),
     "flare": ("metarag.methods.flare", "FLARE", "FLARESettings"),

@@ -1,0 +1,182 @@
+"""Self-Ask (Press et al., 2022, "Measuring and narrowing the compositionality gap in language
+models", §3.2 and §3.3 "Self-ask + Search Engine"), with the retriever answering each follow-up.
+
+One question, as a policy over the shared runner loop:
+
+1. The model continues "Are follow up questions needed here:" (an assistant turn it writes on,
+   after two demonstrations in the paper's format), stopped at "Intermediate answer:".
+2. A "Follow up: <question>" retrieves the top-k passages for the follow-up, and the model answers
+   the follow-up from them in a few words (an `intermediate-answer` Ask: in the paper the search
+   engine's answer box answers it, from its own results only). "Intermediate answer: <answer>"
+   joins the text and the model writes on. Up to `max_follow_ups` follow-ups.
+3. "So the final answer is: <answer>" ends the loop; without one (the limit reached, or a reply
+   with neither label), the text is continued from "So the final answer is:" (the paper's code
+   appends that label when the model stops without it).
+
+Every reply is a `self-ask-step` Decide step ("follow-up", "final" or "final-prompt", as IterDRAG's
+`parsing.parse_step` reads the format), with the step and whether it was read without its label.
+Departures, on purpose: two short demonstrations from MuSiQue's training split stand in for the
+paper's four (a 1.5B model's context holds them next to the passages; the Bamboogle / 2Wiki
+demonstrations are not from our training data); the model's text is rebuilt from the parsed
+follow-ups and answers at each step (the paper keeps the raw text), so a reply's extra words do not
+carry into the next prompt.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from metarag.errors import ConfigError
+from metarag.llm.base import Decoding
+from metarag.methods.actions import Ask, Note, Search
+from metarag.methods.evidence import evidence_prompt, format_passages
+from metarag.methods.fixed_point import LoopState
+from metarag.methods.runner import Policy
+from metarag.parsing import clean_answer, parse_self_ask_step
+from metarag.records import Hit, Message, Question
+from metarag.settings import check_ranges, setting
+
+NEEDED = "Are follow up questions needed here:"
+FINAL_LABEL = "So the final answer is:"
+# Two demonstrations in the paper's format (its Figure 3), written from MuSiQue train questions
+# 2hop__468258_495107 and 2hop__145144_562703 (`../shared/data/musique/train100_official.json`).
+DEMONSTRATIONS = (
+    "Question: What country was the author of Brand a citizen of?\n"
+    f"{NEEDED} Yes.\n"
+    "Follow up: Who wrote the play Brand?\n"
+    "Intermediate answer: Henrik Ibsen\n"
+    "Follow up: What country was Henrik Ibsen a citizen of?\n"
+    "Intermediate answer: Norway\n"
+    f"{FINAL_LABEL} Norway\n\n"
+    "Question: In what county is the city where Harris W. Fawell was born?\n"
+    f"{NEEDED} Yes.\n"
+    "Follow up: In which city was Harris W. Fawell born?\n"
+    "Intermediate answer: West Chicago\n"
+    "Follow up: In what county is West Chicago?\n"
+    "Intermediate answer: DuPage County\n"
+    f"{FINAL_LABEL} DuPage County\n")
+STEP_TASK = (
+    "Answer the question by asking follow-up questions one at a time, as in the examples. Each follow-up "
+    "is answered for you. When you know the answer, write 'So the final answer is:' and a short answer "
+    "(a name, a date, a number, a short phrase, or yes/no).\n\n" + DEMONSTRATIONS + "\nQuestion: {question}")
+STEP_SYSTEM = "You are a careful assistant for multi-hop question answering."
+INTERMEDIATE_TASK = (
+    "Question: {follow_up}\n"
+    "Answer the question from the passages in a few words.\nAnswer:")
+STEP_STOP = ("Intermediate answer:", "Intermediate Answer:", "\nQuestion:")
+
+PASSAGES = ("replace", "accumulate")
+STEP_CONTEXT = ("none", "passages")
+
+
+@dataclass(frozen=True)
+class SelfAskSettings:
+    """Self-Ask settings (Press et al., 2022, §3.3, Self-ask + Search Engine).
+
+    k = 5 passages per follow-up (the MetaRAG study's depth, §4.3.2; the paper's search engine gives
+    one answer). `max_follow_ups` = 5: the paper sets no limit (its model writes until it gives a
+    final answer, within the generation length); 5 is FlashRAG's `max_iter`, above the 2-4 hops of
+    HotpotQA, 2Wiki and MuSiQue. `passages`: what a follow-up's intermediate answer reads. "replace"
+    (default): the follow-up's own top-k, the earlier ones dropped, as the paper implies (the search
+    engine answers each follow-up from its own results; nothing of an earlier search reaches later
+    steps but the answer) and FlashRAG does; "accumulate": every passage retrieved so far (in
+    retrieval order, each once). `step_context`: what the step prompts (the next follow-up, the final
+    answer) read besides the question and the follow-ups with their answers. "none" (default): nothing,
+    as in the paper, where the model's prompt holds only the self-ask text; "passages": FlashRAG's
+    variant, which retrieves k for the question first and shows the passages held (as `passages`
+    says). step/answer max tokens bound each generation. `stop_at_fixed_point`: the shared rule
+    (`methods/fixed_point.py`) on the follow-ups with their answers and the passages the steps read;
+    it cannot fire as the loop stands, since every step that goes on adds a follow-up to the text.
+    """
+
+    k: int = setting(5, ge=1)
+    max_follow_ups: int = setting(5, ge=0)
+    passages: str = "replace"
+    step_context: str = "none"
+    step_max_tokens: int = setting(64, ge=1)
+    answer_max_tokens: int = setting(32, ge=1)
+    stop_at_fixed_point: bool = True
+
+    def __post_init__(self) -> None:
+        check_ranges(self)
+        if self.passages not in PASSAGES:
+            raise ConfigError(f"self-ask passages must be one of {', '.join(PASSAGES)}, got {self.passages!r}")
+        if self.step_context not in STEP_CONTEXT:
+            raise ConfigError(f"self-ask step_context must be one of {', '.join(STEP_CONTEXT)}, "
+                              f"got {self.step_context!r}")
+
+
+class SelfAsk:
+    """Self-Ask as a policy: ask follow-ups, answer each from its retrieved passages, then answer."""
+
+    name = "self-ask"
+    # Bumped when a prompt or rule changes what the method does for the same settings (hashed into run ids).
+    revision = 1
+
+    def __init__(self, settings: SelfAskSettings = SelfAskSettings()):
+        self.settings = settings
+
+    def policy(self, question: Question) -> Policy:
+        s = self.settings
+        held: list[Hit] = []  # the passages an intermediate answer (and, with step_context, a step) reads
+        if s.step_context == "passages":
+            held = yield Search(question.text, s.k)
+        chain: list[tuple[str, str]] = []
+        states: list[tuple[list[Hit], list[tuple[str, str]]]] = []  # at the start of each step
+        for step in range(s.max_follow_ups):
+            if s.stop_at_fixed_point:
+                seen = held if s.step_context == "passages" else []
+                state = ("self-ask", tuple(h.passage.id for h in seen), tuple(chain))
+                fixed = yield LoopState(state, step, s.max_follow_ups - 1)
+                if fixed is not None:  # the full loop would end as step `ends_as` did: in the state after it
+                    after = fixed.ends_as + 1
+                    held, chain = states[after] if after < len(states) else (held, chain)
+                    break
+                states.append((list(held), list(chain)))
+            out = yield Ask("follow-up", self._step_prompt(question, held, chain, ""),
+                            Decoding(max_tokens=s.step_max_tokens, stop=STEP_STOP))
+            kind, text, unlabelled = parse_self_ask_step(out.text, first=not chain)
+            yield Note("self-ask-step", kind, (("step", float(step)), ("unlabelled", float(unlabelled))))
+            if kind == "final":
+                return text
+            if kind == "final-prompt":
+                break
+            hits = yield Search(text, s.k)
+            held = hits if s.passages == "replace" else _union(held, hits)
+            out = yield Ask("intermediate-answer",
+                            evidence_prompt(format_passages(held), INTERMEDIATE_TASK.format(follow_up=text)),
+                            Decoding(max_tokens=s.answer_max_tokens, stop=("\n",)))
+            chain.append((text, clean_answer(out.text)))
+        out = yield Ask("answer", self._step_prompt(question, held, chain, FINAL_LABEL),
+                        Decoding(max_tokens=s.answer_max_tokens, stop=("\n",)))
+        return clean_answer(out.text)
+
+    def _step_prompt(self, question: Question, held: list[Hit], chain: list[tuple[str, str]],
+                     suffix: str) -> tuple[Message, ...]:
+        """The step prompt: the task with the demonstrations (after the passages held, with
+        step_context "passages"), then the self-ask text so far as the assistant turn to continue."""
+        task = STEP_TASK.format(question=question.text)
+        if self.settings.step_context == "passages":
+            head = evidence_prompt(format_passages(held), task)
+        else:
+            head = (Message("system", STEP_SYSTEM), Message("user", task))
+        return head + (Message("assistant", self_ask_text(chain, suffix)),)
+
+
+def self_ask_text(chain: list[tuple[str, str]], suffix: str = "") -> str:
+    """The self-ask text so far: the "needed" line, each follow-up with its intermediate answer, then
+    `suffix` (the final-answer label, when the final answer is asked for)."""
+    if not chain:
+        return f"{NEEDED} No.\n{suffix}" if suffix else NEEDED
+    steps = "".join(f"Follow up: {q}\nIntermediate answer: {a}\n" for q, a in chain)
+    return f"{NEEDED} Yes.\n{steps}{suffix}"
+
+
+def _union(held: list[Hit], new: list[Hit]) -> list[Hit]:
+    """`held` then the passages of `new` not in it, in retrieval order."""
+    out = list(held)
+    ids = {h.passage.id for h in out}
+    for hit in new:
+        if hit.passage.id not in ids:
+            ids.add(hit.passage.id)
+            out.append(hit)
+    return out
