@@ -4,8 +4,8 @@ sentence, retrieving only when the model is unsure of the sentence it is about t
 
 One question, as a policy over the shared runner loop:
 
-1. Retrieve the top-k passages for the question (the released code's `look_ahead_pre_retrieval:
-   "first"` for 2WikiMultihopQA: the first retrieval uses the input).
+1. Retrieve the top-k passages for the question (§3.1: at the first step the user input is the
+   query; the released 2WikiMultihopQA config's `look_ahead_pre_retrieval: "first"`).
 2. Until the answer ends or the length budget is spent, per sentence:
    - look ahead: the model continues the partial answer (an Ask whose last message is the partial
      assistant turn, continued, not closed) for up to `look_ahead_tokens` tokens with per-token
@@ -27,7 +27,7 @@ Departures and choices the paper leaves open, on purpose:
 - The look-ahead sees the passages of the last retrieval, as the released code's prompt keeps them
   (the paper's notation writes it without documents); a kept sentence is not generated a second time
   (the released code asks again with the same prompt, which under greedy decoding repeats it).
-- Two short exemplars from the HotpotQA train split stand in for the paper's eight 2Wiki exemplars
+- Two short exemplars from the MuSiQue train split stand in for the paper's eight 2Wiki exemplars
   (a 1.5B model's context holds five passages and little else), in the paper's "Answer: <reasoning>.
   So the answer is X." form; a chat template stands in for text-davinci-003's raw completion.
 - A sentence that reads "So the answer is ..." ends the answer (the exemplars end there; the paper's
@@ -55,15 +55,15 @@ from metarag.parsing import clean_answer, marked_answer
 from metarag.records import Completion, Hit, Message, Question
 from metarag.settings import check_ranges, setting
 
-# Exemplars written from HotpotQA train (train100_official.json: 5ae5fa555542996de7b71a9e, a
-# bridge question, and 5ab26ce1554299449642c89c, a comparison), in FLARE's multihop-QA answer form.
+# Exemplars written from MuSiQue train (train100_official.json: 2hop__468258_495107 and
+# 2hop__205146_62031), in FLARE's multihop-QA answer form; not from HotpotQA train100, whose
+# questions are the demo set's.
 EXEMPLARS = (
-    "Question: Toad Hall is a residential hall in a university located in what Australian city?\n"
-    "Answer: Toad Hall is a residential hall of the Australian National University. The Australian National "
-    "University is located in Canberra. So the answer is Canberra.\n\n"
-    "Question: Who is the oldest, Sid Haig or Vic Darchinyan?\n"
-    "Answer: Sid Haig was born on July 14, 1939. Vic Darchinyan was born on 7 January 1976. 1939 is earlier "
-    "than 1976. So the answer is Sid Haig.\n\n")
+    "Question: What country was the author of Brand a citizen of?\n"
+    "Answer: Brand was written by Henrik Ibsen. Henrik Ibsen was a citizen of Norway. So the answer is Norway.\n\n"
+    "Question: What is the name of the waterfall in the country where the Bubye River is found?\n"
+    "Answer: The Bubye River is found in Zimbabwe. The waterfall in Zimbabwe is Victoria Falls. So the answer is "
+    "Victoria Falls.\n\n")
 ANSWER_TASK = ("Answer the question by reasoning step by step in a few short sentences, then end with 'So the "
                "answer is <short answer>.' (a name, a date, a number, a short phrase, or yes/no), as in the "
                "examples.\n\n" + EXEMPLARS + "Question: {question}\nAnswer:")
@@ -116,7 +116,8 @@ class FLARE:
     """FLARE-direct as a policy: look ahead one sentence, retrieve and rewrite it when unsure."""
 
     name = "flare"
-    revision = 1
+    # Revision 2: revision 1's exemplars were HotpotQA train questions, which are also demo questions.
+    revision = 2
 
     def __init__(self, settings: FLARESettings = FLARESettings()):
         self.settings = settings
