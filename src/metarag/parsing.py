@@ -661,3 +661,28 @@ def agent_closing_tag(text: str) -> str | None:
     which stop string fired: that of the last opening `<search>` / `<answer>` tag, None without one."""
     opened = list(_AGENT_OPEN.finditer(text))
     return f"</{opened[-1].group(1).lower()}>" if opened else None
+
+
+# ------------------------------------------------------------------------ KiRAG's knowledge triples
+_TRIPLE_BRACKETED = re.compile(r"<([^<>\n]*)>")
+_LIST_MARK = re.compile(r"^\s*(?:[-*•]+|\d+[.)])?\s*")
+
+
+def parse_triples(text: str) -> list[tuple[str, str, str]]:
+    """The knowledge triples of an extraction reply, in order, without repeats (any case).
+
+    A triple is "<head; relation; tail>" (KiRAG's format): every bracketed group with exactly three
+    non-empty ";"-separated parts. Without any bracketed group, a line holding exactly three such
+    parts (list marks and markup before it dropped) counts, for models that leave the brackets out.
+    Anything else (prose, groups with two or four parts) is not a triple.
+    """
+    groups = _TRIPLE_BRACKETED.findall(text)
+    if not groups:
+        groups = [_LIST_MARK.sub("", line, count=1) for line in text.splitlines()]
+    triples: dict[tuple[str, str, str], tuple[str, str, str]] = {}
+    for group in groups:
+        parts = [p.strip().strip(_MARKUP).strip() for p in group.split(";")]
+        if len(parts) == 3 and all(parts):
+            triples.setdefault(tuple(p.lower() for p in parts), (parts[0], parts[1], parts[2]))
+    return list(triples.values())
+

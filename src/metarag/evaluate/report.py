@@ -77,7 +77,7 @@ def summarize(run: LoadedRun, prices: dict[str, Price] | None = None) -> dict:
     mean = lambda xs: sum(xs) / len(xs) if xs else None  # noqa: E731
     return {
         "run": run.name,
-        "method": run.settings.get("method"),
+        "method": method_label(run.settings),
         "retriever": run.settings.get("retriever") or "–",
         "reranker": (run.settings.get("reranker") or {}).get("spec", "–"),
         "model": model_name(identity) if identity else run.settings.get("llm", {}).get("backend"),
@@ -127,6 +127,15 @@ def summarize(run: LoadedRun, prices: dict[str, Price] | None = None) -> dict:
         **{f"set:{key}": value for key, value in (run.settings.get("method_settings") or {}).items()
            if isinstance(value, (str, int, float, bool))},
     }
+
+
+def method_label(settings: dict) -> str | None:
+    """A run's method as its report row names it: "(oracle feedback)" after a method whose settings
+    give it the gold answers (Reflexion's evaluator=gold), so no table passes it off as a fair row."""
+    method = settings.get("method")
+    if (settings.get("method_settings") or {}).get("evaluator") == "gold":
+        return f"{method} (oracle feedback)"
+    return method
 
 
 def paired_scores(baseline: LoadedRun, other: LoadedRun, metric: str) -> tuple[list[float], list[float]]:

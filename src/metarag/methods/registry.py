@@ -26,6 +26,7 @@ METHODS: dict[str, tuple[str, str, str]] = {
     "flare": ("metarag.methods.flare", "FLARE", "FLARESettings"),
     "react": ("metarag.methods.react", "ReAct", "ReActSettings"),
     "reflexion": ("metarag.methods.reflexion", "Reflexion", "ReflexionSettings"),
+    "kirag": ("metarag.methods.kirag", "KiRAG", "KiRAGSettings"),
 }
 
 # Methods that never retrieve: a run of them needs no corpus and loads no index.
