@@ -685,4 +685,3 @@ def parse_triples(text: str) -> list[tuple[str, str, str]]:
         if len(parts) == 3 and all(parts):
             triples.setdefault(tuple(p.lower() for p in parts), (parts[0], parts[1], parts[2]))
     return list(triples.values())
-
