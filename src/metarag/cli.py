@@ -94,9 +94,14 @@ def build_parser() -> argparse.ArgumentParser:
                          "answered by the model, cached = by the response cache)")
     rp.add_argument("--breakdown", action="store_true",
                     help="also print each run's judge verdicts and decisions (study Table 2)")
-    rp.add_argument("--analysis", choices=("evoctx",), default=None,
+    rp.add_argument("--analysis", choices=("evoctx", "agent"), default=None,
                     help="method-specific analyses: evoctx (oracle agreement, action allocation versus "
-                         "question-answer distance, confidence across rounds)")
+                         "question-answer distance, confidence across rounds); agent (search-r1 / belief-agent: "
+                         "Acc, searches per question, belief-based over/under-search rates, judged under-search)")
+    rp.add_argument("--judge-llm", default=None, metavar="SPEC",
+                    help="with --analysis agent: run the external under-search judge (belief-action paper, "
+                         "Appendix G) with this model over each run's final answers first; its verdicts are kept "
+                         "in the run folder (under-search-<id>.jsonl) and reported from then on")
     rp.add_argument("--analysis-plots", default=None, metavar="DIR",
                     help="with --analysis evoctx: also draw Figure 4 (trace vs oracle margin) and Figure 3 "
                          "(RETRIEVE ratio vs question-answer distance) of each run as PNGs in DIR")
@@ -407,6 +412,19 @@ def cmd_report(args: argparse.Namespace) -> int:
         print(f"plot: {plot_runs(rows, args.plot)}")
     if args.analysis_plots and args.analysis != "evoctx":
         raise_config("--analysis-plots draws the figures of --analysis evoctx; give both")
+    if args.judge_llm and args.analysis != "agent":
+        raise_config("--judge-llm runs the under-search judge of --analysis agent; give both")
+    if args.analysis == "agent":
+        from metarag.evaluate.agent_analysis import format_agent_analysis, judge_run
+
+        if args.judge_llm:
+            from metarag.methods.runner import build_named_llm
+
+            judge_llm = build_named_llm(args.judge_llm)
+            for run in runs:
+                print(f"under-search judge: {judge_run(run, judge_llm)}")
+        print()
+        print(format_agent_analysis(runs))
     if args.analysis == "evoctx":
         from metarag.evaluate.evoctx_analysis import (
             allocation_vs_distance,

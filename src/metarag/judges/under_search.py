@@ -1,0 +1,109 @@
+"""The external under-search judge of the belief-action paper (Qi et al., 2026, Appendix G, Table 8):
+after a run, an LLM reads each trajectory's final ANSWER step and decides whether another search
+should have come before the answer. Post-hoc only: never a reward, never seen by the agent.
+
+Exactly the inputs the paper lists: the question, every passage retrieved before the answer, the
+reasoning just before answering, the final answer and the gold answer; never belief scores,
+candidates or rewards. Greedy (deterministic) decoding. The paper's prompt (its Figure 10) is an
+image: `UNDER_SEARCH_TASK` is ours, written to its criteria. Like every judge that asks a model it
+is a sub-policy (`judges/base.py`): it yields one Ask and the runner records it.
+"""
+from __future__ import annotations
+
+import re
+from collections.abc import Generator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from metarag.judges.base import Verdict
+from metarag.llm.base import Decoding
+from metarag.methods.actions import Action, Ask, Assess
+from metarag.methods.evidence import format_passages
+from metarag.parsing import labelled_fields, parse_yes_no
+from metarag.records import Hit, Message, Question, Trace
+from metarag.settings import check_ranges, setting
+from metarag.train.rewards import ANSWER, agent_steps
+
+UNDER_SEARCH, NOT_UNDER_SEARCH, UNJUDGED = "under-search", "not-under-search", "unjudged"
+
+UNDER_SEARCH_TASK = (
+    "You review the last step of a search agent. The agent answered a question after zero or more "
+    "searches. Decide whether it should have searched again before answering.\n\n"
+    "Question: {question}\n\n"
+    "Passages the agent retrieved before answering:\n{passages}\n\n"
+    "The agent's reasoning just before answering: {reasoning}\n"
+    "The agent's final answer: {answer}\n"
+    "Gold answer: {gold}\n\n"
+    "It is under-search when another search was needed before answering: the passages lack evidence the "
+    "answer depends on, an entity or attribute the question asks about was never retrieved, or the agent "
+    "answered from evidence about a different entity or attribute (misused evidence). It is not "
+    "under-search when the passages held what was needed and the agent reasoned about them wrongly.\n"
+    "Reply in exactly this form:\nReason: <one sentence>\nVerdict: <Yes if under-search, No if not>")
+NO_PASSAGES = "(none: the agent answered without searching)"
+NO_REASONING = "(none)"
+
+_ANSWER_TAG = re.compile(r"<answer>.*", re.S)
+_THINK_TAGS = re.compile(r"</?think>")
+
+
+def under_search_prompt(inputs: Mapping[str, str]) -> tuple[Message, ...]:
+    """The judge's prompt over its five inputs (see `under_search_inputs`)."""
+    return (Message("user", UNDER_SEARCH_TASK.format(
+        question=inputs["question"], passages=inputs.get("passages") or NO_PASSAGES,
+        reasoning=inputs.get("reasoning") or NO_REASONING, answer=inputs["answer"], gold=inputs["gold"])),)
+
+
+@dataclass(frozen=True)
+class UnderSearchJudge:
+    """Appendix G's judge. Verdict `under-search` or `not-under-search`, read from the reply's
+    `Verdict:` line (else its first word); a reply that gives neither is `unjudged`, recorded as a
+    fallback, and left out of the judged rate (never counted as either). `model` names the judge
+    model (the paper used GLM-5.1; e.g. "openai:MODEL@URL"); None asks the run's LLM. `max_tokens`:
+    room for one sentence of reason and the verdict line."""
+
+    max_tokens: int = setting(96, ge=8)
+    model: str | None = None
+    name: str = "under-search"
+
+    def __post_init__(self) -> None:
+        check_ranges(self)
+
+    def judge(self, inputs: Mapping[str, str]) -> Generator[Action, Any, Verdict]:
+        out = yield Ask(self.name, under_search_prompt(inputs), Decoding(max_tokens=self.max_tokens), model=self.model)
+        fields = labelled_fields(out.text, ("verdict", "reason"))
+        said = parse_yes_no(fields["verdict"]) if "verdict" in fields else parse_yes_no(out.text)
+        reason = fields.get("reason", "")
+        if said is None:
+            return Verdict(UNJUDGED, None, detail=reason, fallback=f"no verdict in {out.text[:80]!r}")
+        return Verdict(UNDER_SEARCH if said else NOT_UNDER_SEARCH, 1.0 if said else 0.0, detail=reason)
+
+
+def under_search_inputs(trace: Trace, golds: Sequence[str]) -> dict[str, str] | None:
+    """The judge's inputs for a search agent's trace, or None when it did not end with an ANSWER
+    step (a failed or cut-off trajectory has no answer to judge)."""
+    steps = agent_steps(trace)
+    if not steps or steps[-1].action != ANSWER or trace.answer is None:
+        return None
+    seen: dict[str, Hit] = {}
+    for hits in trace.retrieval_rounds():  # every retrieval precedes the final answer step
+        for hit in hits:
+            seen.setdefault(hit.passage.id, hit)
+    reasoning = _THINK_TAGS.sub(" ", _ANSWER_TAG.sub("", steps[-1].text))
+    return {"question": trace.question, "passages": format_passages(list(seen.values())),
+            "reasoning": " ".join(reasoning.split()), "answer": trace.answer, "gold": "; ".join(golds)}
+
+
+class UnderSearchAudit:
+    """The judge over a finished run, as a method the runner runs (every model call goes through
+    `methods/runner.py`): its policy for a question asks the judge about that question's recorded
+    trajectory and returns the verdict. `inputs` maps question ids to `under_search_inputs`."""
+
+    name = "under-search-audit"
+    revision = 1
+
+    def __init__(self, inputs: Mapping[str, Mapping[str, str]], judge: UnderSearchJudge = UnderSearchJudge()):
+        self.inputs, self.judge = dict(inputs), judge
+
+    def policy(self, question: Question) -> Generator[Any, Any, str]:
+        verdict = yield Assess(self.judge, self.inputs[question.id])
+        return verdict.verdict
