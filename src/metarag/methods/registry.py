@@ -26,6 +26,8 @@ METHODS: dict[str, tuple[str, str, str]] = {
     "flare": ("metarag.methods.flare", "FLARE", "FLARESettings"),
     "react": ("metarag.methods.react", "ReAct", "ReActSettings"),
     "reflexion": ("metarag.methods.reflexion", "Reflexion", "ReflexionSettings"),
+    "self-rag": ("metarag.methods.self_rag", "SelfRAG", "SelfRAGSettings"),
+    "self-rag-prompted": ("metarag.methods.self_rag", "SelfRAGPrompted", "SelfRAGPromptedSettings"),
     "dragin": ("metarag.methods.dragin", "DRAGIN", "DRAGINSettings"),
     "dragin-entropy": ("metarag.methods.dragin", "DRAGINEntropy", "DRAGINSettings"),
     "kirag": ("metarag.methods.kirag", "KiRAG", "KiRAGSettings"),
