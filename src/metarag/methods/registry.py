@@ -26,10 +26,10 @@ METHODS: dict[str, tuple[str, str, str]] = {
     "flare": ("metarag.methods.flare", "FLARE", "FLARESettings"),
     "react": ("metarag.methods.react", "ReAct", "ReActSettings"),
     "reflexion": ("metarag.methods.reflexion", "Reflexion", "ReflexionSettings"),
-    "self-rag": ("metarag.methods.self_rag", "SelfRAG", "SelfRAGSettings"),
-    "self-rag-prompted": ("metarag.methods.self_rag", "SelfRAGPrompted", "SelfRAGPromptedSettings"),
     "dragin": ("metarag.methods.dragin", "DRAGIN", "DRAGINSettings"),
     "dragin-entropy": ("metarag.methods.dragin", "DRAGINEntropy", "DRAGINSettings"),
+    "self-rag": ("metarag.methods.self_rag", "SelfRAG", "SelfRAGSettings"),
+    "self-rag-prompted": ("metarag.methods.self_rag", "SelfRAGPrompted", "SelfRAGPromptedSettings"),
     "kirag": ("metarag.methods.kirag", "KiRAG", "KiRAGSettings"),
 }
 
