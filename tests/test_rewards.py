@@ -3,7 +3,9 @@ trace contract: every branch of Algorithm 1 and margin values, the rates, each r
 β-GRPO query confidence, and a trace made by the real runner from a contract-following policy."""
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import pytest
 from conftest import CITIES
@@ -27,6 +29,7 @@ from metarag.records import (
     TokenLogprob,
     Trace,
     Usage,
+    from_plain,
 )
 from metarag.retrieve.memory import MemoryRetriever
 from metarag.train import rewards as R
@@ -400,3 +403,26 @@ def test_agent_steps_on_a_trace_the_runner_recorded():
     assert second.action == ANSWER and second.forced and second.candidate == "search" and second.verified
     reward = R.belief_reward(trace, GOLD)  # search at b < 0, answer at b > 0: both optimal
     assert reward.diagnoses == (OPTIMAL, OPTIMAL) and reward.total == pytest.approx(1.1)
+
+
+AGENT_GOLDENS = sorted(p for pattern in ("search-r1-*.json", "belief-agent-*.json")
+                       for p in (Path(__file__).parent / "golden").glob(pattern))
+
+
+@pytest.mark.skipif(not AGENT_GOLDENS, reason="no search-agent golden traces")
+@pytest.mark.parametrize("path", AGENT_GOLDENS, ids=lambda p: p.stem)
+def test_the_agents_golden_traces_follow_the_contract(path):
+    """The search agents' own golden traces read back: steps in order, an answer last, searches with
+    their query tokens, beliefs exactly where the probe ran."""
+    trace = from_plain(Trace, json.loads(path.read_text()))
+    steps = agent_steps(trace)
+    assert steps and [s.step for s in steps] == list(range(len(steps))) and steps[-1].action == ANSWER
+    for s in steps:
+        if s.action == SEARCH:
+            assert s.query and s.query_logprobs and s.passage_ids
+    probed = "probe" in path.stem
+    assert all((s.belief is not None) == probed for s in steps)
+    for name, reward in REWARDS.items():
+        if name in R.NEEDS_PROBE and not probed:
+            continue
+        assert reward(trace, (trace.answer,)).outcome == 1.0
