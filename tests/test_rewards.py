@@ -281,6 +281,10 @@ def test_belief_reward_and_its_ablations_on_one_trajectory():
     assert R.belief_reward(consistent_correct_trace(), GOLD).total == pytest.approx(1.1)
     settings = RewardSettings(consistency_weight=0.4, invalid_penalty=0.0)
     assert R.belief_reward(mixed, GOLD, settings).total == pytest.approx(1.2)
+    logged = full.components()
+    assert logged == {"reward": full.total, "outcome": 1.0, "consistency": 0.5, "penalty": 0.01, "searches": 2.0,
+                      "invalid_actions": 1.0, "under_search_rate": 0.0}
+    assert math.isnan(R.search_r1_reward(mixed, GOLD).components()["consistency"])
 
 
 def test_an_under_search_answer_counts_in_the_trajectory_rate():

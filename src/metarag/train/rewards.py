@@ -274,6 +274,15 @@ class Reward:
     under_search_rate: float | None = None
     diagnoses: tuple[str | None, ...] = ()
 
+    def components(self) -> dict[str, float]:
+        """The numbers a trainer logs, one name each (NaN where a part does not apply)."""
+        nan = math.nan
+        return {"reward": self.total, "outcome": self.outcome,
+                "consistency": nan if self.consistency is None else self.consistency,
+                "penalty": self.penalty, "searches": float(self.searches),
+                "invalid_actions": float(self.invalid_actions),
+                "under_search_rate": nan if self.under_search_rate is None else self.under_search_rate}
+
 
 def outcome_reward(answer: str | None, golds: Sequence[str]) -> float:
     """R_outcome = 1[EM(final answer, gold)] (Search-R1's and the paper's outcome reward); 0 for a
