@@ -430,3 +430,16 @@ def test_the_agents_golden_traces_follow_the_contract(path):
         if name in R.NEEDS_PROBE and not probed:
             continue
         assert reward(trace, (trace.answer,)).outcome == 1.0
+
+
+def test_every_reward_setting_declares_its_range():
+    import dataclasses
+
+    from metarag.settings import Range
+
+    assert all(isinstance(f.metadata.get("range"), Range) for f in dataclasses.fields(RewardSettings))
+    for name in ("consistency_weight", "invalid_penalty"):
+        with pytest.raises(ConfigError, match=name):
+            RewardSettings(**{name: -0.1})
+        with pytest.raises(ConfigError, match=name):
+            RewardSettings(**{name: math.nan})

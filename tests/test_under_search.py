@@ -232,3 +232,10 @@ def test_nan_rates_print_as_dashes(tmp_path):
     row = agent_summary(run)
     assert math.isnan(row["under_search_rate"]) and row["over_search_rate"] == 1.0
     assert "| – | – |" in format_agent_analysis([run])
+
+
+def test_the_judge_settings_are_ranged():
+    from metarag.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="max_tokens' must be >= 8"):
+        UnderSearchJudge(max_tokens=2)
