@@ -232,3 +232,27 @@ def test_ircot_on_two_demo_questions_with_the_real_model():
         assert trace.usage.retrieval_calls == 1 + steps.count("retrieve")
         for r in trace.of_kind(Retrieve)[1:]:
             assert r.query != question.text and "\n" not in r.query
+
+
+def test_a_fixed_point_ends_the_chain_and_goes_to_the_reader(corpus):
+    # the rule cannot fire on IRCoT's own loop (the chain grows); this drives the policy by hand to check
+    # that a runner's FixedPoint reply ends the chain and the reader reads the paragraphs held
+    from metarag.methods.actions import Ask, Search
+    from metarag.methods.fixed_point import FixedPoint, LoopState
+    from metarag.records import Completion
+
+    retriever = MemoryRetriever(corpus)
+    policy = IRCoT(IRCoTSettings(k=2)).policy(Q)
+    action = next(policy)
+    assert isinstance(action, Search) and action.query == Q.text
+    action = policy.send(retriever.search(action.query, action.k))
+    assert isinstance(action, LoopState) and action.iteration == 0 and action.last == 9
+    assert action.state == ("ircot", ("p2", "p1"), ())
+    assert isinstance(policy.send(None), Ask)
+    assert isinstance(policy.send(Completion("Dijon is the capital of the Cote-d Or department.")), Note)
+    action = policy.send(None)
+    action = policy.send(retriever.search(action.query, action.k))
+    assert isinstance(action, LoopState) and action.iteration == 1
+    assert action.state == ("ircot", ("p2", "p1", "p3", "p5"), ("Dijon is the capital of the Cote-d Or department.",))
+    reader = policy.send(FixedPoint(1, 0, 0))
+    assert isinstance(reader, Ask) and reader.purpose == "answer" and "[3] Dijon\n" in reader.prompt[-1].content

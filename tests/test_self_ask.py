@@ -202,3 +202,26 @@ def test_self_ask_on_two_demo_questions_with_the_real_model():
         assert trace.usage.retrieval_calls == steps.count("follow-up")
         for r in trace.of_kind(Retrieve):
             assert r.query and len(r.hits) == 2
+
+
+def test_a_fixed_point_ends_the_chain_and_asks_for_the_final_answer(corpus):
+    # the rule cannot fire on Self-Ask's own loop (the chain grows); driven by hand, a runner's
+    # FixedPoint reply ends the follow-ups and the final-answer label is continued
+    from metarag.methods.actions import Ask
+    from metarag.methods.fixed_point import FixedPoint, LoopState
+    from metarag.records import Completion
+
+    retriever = MemoryRetriever(corpus)
+    policy = SelfAsk(SelfAskSettings(k=2)).policy(Q)
+    action = next(policy)
+    assert isinstance(action, LoopState) and action.iteration == 0 and action.state == ("self-ask", (), ())
+    assert isinstance(policy.send(None), Ask)
+    policy.send(Completion(" Yes.\nFollow up: Who engineered the Eiffel Tower?"))  # -> Note
+    search = policy.send(None)
+    policy.send(retriever.search(search.query, search.k))  # -> the intermediate answer's Ask
+    action = policy.send(Completion("Gustave Eiffel"))
+    assert isinstance(action, LoopState) and action.iteration == 1
+    assert action.state == ("self-ask", (), (("Who engineered the Eiffel Tower?", "Gustave Eiffel"),))
+    final = policy.send(FixedPoint(1, 0, 0))
+    assert isinstance(final, Ask) and final.purpose == "answer"
+    assert final.prompt[-1].content.endswith("Intermediate answer: Gustave Eiffel\nSo the final answer is:")
