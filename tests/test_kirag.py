@@ -171,7 +171,7 @@ def test_kirag_on_two_demo_questions_with_the_real_model():
     dataset = resolve_preset("demo")
     retriever = open_bm25(list(dataset.passages))
     llm = LlamaCppLLM(LlamaCppSettings(embedded="qwen2.5-coder-1.5b-instruct", n_ctx=2048))
-    method = KiRAG(KiRAGSettings(k=2, T=2, candidates=8, answer_k=2, extract_max_tokens=64))
+    method = KiRAG(KiRAGSettings(k=1, T=2, candidates=6, answer_k=1, extract_max_tokens=48))
     for question in dataset.questions[:2]:
         trace = run(method, question, Runtime(llm, retriever))
         assert trace.error is None and trace.answer

@@ -253,7 +253,7 @@ def add_eval_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--method", required=True, help="method to evaluate")
     p.add_argument("--dataset", default=None, metavar="PRESET",
                    help="a named dataset (hotpotqa-dev500, 2wiki-dev1000, musique-train100, bamboogle, "
-                        "nq-1000, triviaqa-1000, popqa-1000, multihop-rag-500, demo, ...)")
+                        "nq-1000, triviaqa-1000, popqa-1000, multihop-rag-500, multihop-rag-facts, demo, ...)")
     p.add_argument("--dataset-file", default=None, metavar="PATH", help="a question file of your own")
     p.add_argument("--format", default=None, help="its format, when not detected from the content")
     p.add_argument("--corpus", default=None, metavar="PATH",
