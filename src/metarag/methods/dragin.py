@@ -146,10 +146,15 @@ class Word:
     tokens: tuple[int, ...]
 
     @property
+    def core(self) -> str:
+        """The word without the punctuation around it."""
+        return re.sub(r"^\W+|\W+$", "", self.text)
+
+    @property
     def real(self) -> bool:
         """s of RIND: 1 unless the word is a stopword or has no letter or digit."""
-        core = re.sub(r"^\W+|\W+$", "", self.text).lower()
-        return bool(core) and any(c.isalnum() for c in core) and core not in STOPWORDS
+        core = self.core.lower()
+        return any(c.isalnum() for c in core) and core not in STOPWORDS
 
 
 @dataclass(frozen=True)
@@ -258,7 +263,7 @@ class DRAGIN:
         candidates = [(float(paid[list(word.tokens)].sum()), i) for i, word in enumerate(words)
                       if i not in hits and word.start < end and word.real]
         best = sorted(candidates, key=lambda c: -c[0])[:self.settings.query_words]
-        return join(question, " ".join(words[i].text for _, i in sorted(best, key=lambda c: c[1])))
+        return join(question, " ".join(words[i].core for _, i in sorted(best, key=lambda c: c[1])))
 
 
 class DRAGINEntropy(DRAGIN):
