@@ -329,7 +329,7 @@ def test_each_agent_on_two_demo_questions_with_the_real_model(method, tmp_path):
     parsed = parse_questions(read_question_file(demo_file("hotpotqa_train100.json")), "hotpotqa")
     retriever = open_bm25(load_corpus(demo_file("hotpotqa_train100_corpus.jsonl")), tmp_path / "index")
     llm = LlamaCppLLM(LlamaCppSettings(embedded="qwen2.5-coder-1.5b-instruct", n_ctx=4096, n_threads=1))
-    agent = build_method(method, {"T": "2", "step_max_tokens": "64", "probe": "true"})  # a small run
+    agent = build_method(method, {"T": "2", "step_max_tokens": "40", "probe": "true"})  # a small run
     for item in parsed[:2]:
         trace = run(agent, item.question, Runtime(llm, retriever))
         assert trace.error is None, trace.error

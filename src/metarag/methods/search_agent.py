@@ -198,11 +198,13 @@ class _Step:
     reply: str  # the reply with its closing tag restored
 
 
-class _Agent:
-    """The loop both agents share; each says how its prompts and its history are built."""
+class _Episode:
+    """One question's episode: the step loop both agents share, over the history one episode keeps
+    (a new episode per question, so one method serves many questions in flight in `run_many`).
+    Each agent's episode says how its prompts and its history are built."""
 
-    name = ""
-    revision = 1
+    def __init__(self, settings: SearchR1Settings | BeliefAgentSettings):
+        self.settings = settings
 
     def policy(self, question: Question) -> Policy:
         s = self.settings
@@ -267,7 +269,7 @@ class _Agent:
     def _remember(self, t: int, step: _Step, hits: list[Hit]) -> None: ...
 
 
-class SearchR1(_Agent):
+class SearchR1:
     """Search-R1: one growing assistant turn, continued after each `<information>` block."""
 
     name = "search-r1"
@@ -277,17 +279,11 @@ class SearchR1(_Agent):
         self.settings = settings
 
     def policy(self, question: Question) -> Policy:
-        # the transcript lives in the generator's frame, not on the instance: one method serves many
-        # questions in flight (run_many)
         return _SearchR1Episode(self.settings).policy(question)
 
 
-class _SearchR1Episode(_Agent):
-    name = "search-r1"
-
-    def __init__(self, settings: SearchR1Settings):
-        self.settings = settings
-        self.transcript = ""
+class _SearchR1Episode(_Episode):
+    transcript = ""
 
     def _start(self, question: Question) -> None:
         self.transcript = ""
@@ -330,13 +326,10 @@ class BeliefAgent:
         return _BeliefEpisode(self.settings).policy(question)
 
 
-class _BeliefEpisode(_Agent):
-    name = "belief-agent"
-
-    def __init__(self, settings: BeliefAgentSettings):
-        self.settings = settings
-        self.memory: tuple[str, ...] = ()
-        self.previous = "search"  # the heuristic's candidate: the last valid non-terminal action
+class _BeliefEpisode(_Episode):
+    settings: BeliefAgentSettings
+    memory: tuple[str, ...] = ()
+    previous = "search"  # the heuristic's candidate: the last valid non-terminal action
 
     def _start(self, question: Question) -> None:
         self.memory, self.previous = (), "search"
