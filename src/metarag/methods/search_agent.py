@@ -216,8 +216,8 @@ class _Episode:
             if not forced and s.stop_at_fixed_point:
                 states.append(self._state(t))
                 fixed = yield LoopState(states[-1], t, s.T - 2)
-                if fixed is not None:  # the full loop would reach the last step as after iteration ends_as
-                    self._restore(states[fixed.ends_as + 1] if fixed.ends_as + 1 < len(states) else states[-1])
+                if fixed is not None:  # the full loop would reach the last step from the state after ends_as
+                    self._restore(states[fixed.ends_as + 1])  # ends_as < t: that state is on the list
                     t = s.T - 1
                     continue
             if s.probe:
