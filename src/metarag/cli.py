@@ -60,6 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
                                     "written at once to runs/<run-id>/results.jsonl; re-running the same "
                                     "command resumes where it stopped.")
     add_eval_args(ev)
+    ev.add_argument("--print-run-dir", action="store_true",
+                    help="print the run folder these arguments name and exit (no model is loaded)")
     ev.set_defaults(handler=cmd_eval)
 
     sw = sub.add_parser("sweep", help="evaluate a grid of settings (like the study's Table 3)",
@@ -339,6 +341,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from metarag.evaluate.harness import evaluate, failure_summary
     from metarag.evaluate.report import load_run, report_table
 
+    if args.print_run_dir:
+        from metarag.evaluate.harness import prepare
+
+        print(prepare(eval_config_from_args(args))[0].path)
+        return 0
     store, results = evaluate(eval_config_from_args(args), progress=not args.quiet)
     table, _ = report_table([load_run(store.path)], baseline=None)
     print(table)

@@ -1,0 +1,56 @@
+"""scripts/run-table: every row of a paper's table on the same questions, then one report against the
+reference row (here against a fake OpenAI-compatible server: no model)."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from fake_openai import FakeOpenAIServer
+
+SCRIPT = Path(__file__).parents[1] / "scripts" / "run-table"
+METARAG = str(Path(sys.executable).parent / "metarag")
+
+
+def run_table(tmp_path, url, *args, **env):
+    full = {**os.environ, "METARAG": METARAG, "METARAG_RUNS": str(tmp_path / "runs"), "LIMIT": "2",
+            "EXTRA": f"--llm openai --model fake --base-url {url}", **env}
+    return subprocess.run([str(SCRIPT), *args], capture_output=True, text=True, env=full, timeout=300)
+
+
+ROWS = "standard-rag metarag:similarity=token-f1,max_iter=1"
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_rows_run_on_the_same_questions_and_are_reported_against_the_reference(tmp_path):
+    port = free_port()
+    with FakeOpenAIServer(port, answer="Paris") as server:
+        out = run_table(tmp_path, server.url, "study", "demo", ROWS=ROWS)
+    assert out.returncode == 0, out.stderr
+    assert "## study table on demo (limit 2, seed 0)" in out.stdout
+    rows = [line for line in out.stdout.splitlines() if line.startswith("| ") and " demo | 2 |" in line]
+    assert [r.split(" | ")[0] for r in rows] == ["| standard-rag", "| metarag"]  # the table's order
+    assert "against metarag-demo-openai-" in out.stdout
+    assert "### metarag-demo-openai-" in out.stdout  # the breakdown of each run
+    assert (tmp_path / "runs" / "study-demo.csv").is_file()
+    # a second call resumes: nothing is asked again, the same table comes out
+    with FakeOpenAIServer(port, answer="Paris") as server:
+        again = run_table(tmp_path, server.url, "study", "demo", ROWS=ROWS)
+        assert server.requests == 0
+    assert again.stdout == out.stdout
+    # the row's --set values went into its run: max_iter=1, token-f1 similarity
+    (metarag_run,) = (tmp_path / "runs").glob("metarag-demo-*")
+    settings = json.loads((metarag_run / "settings.json").read_text())["method_settings"]
+    assert settings["max_iter"] == 1 and settings["similarity"] == "token-f1"
+
+
+def test_unknown_tables_are_refused():
+    bad = subprocess.run([str(SCRIPT), "nonsense"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "unknown table 'nonsense'" in bad.stderr
