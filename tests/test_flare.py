@@ -35,21 +35,21 @@ LOW = math.log(0.1)  # a token the model is unsure of: below theta (0.8) and bet
 MID = math.log(0.6)  # below theta, above beta: triggers retrieval, is not masked
 
 # The scripted model continues the assistant turn: each rule matches the answer written so far at the
-# end of the prompt (the scripted tokens keep the whitespace after a word, so a sentence ends with " ").
+# end of the prompt. A sentence ends at its stop (". "), so what follows it starts with a space.
 START = r"Answer:\n<assistant>\n$"
-AFTER_FIRST = r"<assistant>\nThe Eiffel Tower was engineered by Gustave Eiffel\. $"
-AFTER_SECOND = r"Gustave Eiffel was born in Dijon\. $"
+AFTER_FIRST = r"<assistant>\nThe Eiffel Tower was engineered by Gustave Eiffel\.$"
+AFTER_SECOND = r"Gustave Eiffel was born in Dijon\.$"
 FIRST = "The Eiffel Tower was engineered by Gustave Eiffel. It stands in Paris."
-FINAL = "So the answer is Dijon."
+FINAL = " So the answer is Dijon."
 
 SCRIPTS = {
-    "keep": [(START, FIRST), (AFTER_FIRST, "Gustave Eiffel was born in Dijon. He was an engineer."),
+    "keep": [(START, FIRST), (AFTER_FIRST, " Gustave Eiffel was born in Dijon. He was an engineer."),
              (AFTER_SECOND, FINAL)],
     # the second look-ahead is unsure of "Lyon": retrieve with "Gustave Eiffel was born in", write it again
     "retrieve": [(START, FIRST),
-                 (AFTER_FIRST, [ScriptedTokens.of("Gustave ", "Eiffel ", ("was ", MID), "born ", "in ",
+                 (AFTER_FIRST, [ScriptedTokens.of(" Gustave ", "Eiffel ", ("was ", MID), "born ", "in ",
                                                   ("Lyon. ", LOW), "He ", "was."),
-                                "Gustave Eiffel was born in Dijon. He was."]),
+                                " Gustave Eiffel was born in Dijon. He was."]),
                  (AFTER_SECOND, FINAL)],
 }
 
@@ -80,7 +80,8 @@ def test_confident_sentences_are_kept_without_retrieving_again(corpus):
     assert [s.query for s in trace.of_kind(Retrieve)] == [QUESTION.text]  # the initial retrieval only
     assert [g.purpose for g in trace.of_kind(Generate)] == ["look-ahead"] * 3
     assert decisions(trace, "flare-answer")[0].choice == "marked"
-    # only the first sentence of each look-ahead enters the answer: "It stands in Paris." never does
+    # a look-ahead stops at its first sentence end: "It stands in Paris." is never written
+    assert [g.text for g in trace.of_kind(Generate)][0] == "The Eiffel Tower was engineered by Gustave Eiffel"
     assert "It stands in Paris" not in "".join(llm.prompts)
     assert all(d.signals["min_prob"] >= 0.8 and d.signals["masked"] == 0 for d in decisions(trace))
     check_golden("keep", trace)
@@ -98,22 +99,23 @@ def test_a_low_probability_token_retrieves_with_it_masked_and_rewrites_the_sente
     # the regenerated sentence, not the look-ahead, continues the answer; the passages are the new ones
     regenerate = trace.of_kind(Generate)[2]
     new_ids = [h.passage.id for h in trace.of_kind(Retrieve)[1].hits]
-    assert regenerate.prompt[-1].content == "The Eiffel Tower was engineered by Gustave Eiffel. "
+    assert regenerate.prompt[-1].content == "The Eiffel Tower was engineered by Gustave Eiffel."
     assert all(f"[{i}] " in regenerate.prompt[1].content for i in range(1, len(new_ids) + 1))
     assert "Lyon" not in trace.of_kind(Generate)[3].prompt[-1].content
-    assert trace.of_kind(Generate)[3].prompt[-1].content.endswith("born in Dijon. ")
+    assert trace.of_kind(Generate)[3].prompt[-1].content.endswith("born in Dijon.")
     check_golden("retrieve", trace)
 
 
 def test_the_length_budget_ends_the_answer_and_the_answer_is_prompted(corpus):
-    rambling = "Gustave Eiffel was an engineer. "
-    script = [(START, FIRST), (r"\. $", rambling * 3), (r"So the answer is$", " Dijon.\nMore text")]
+    rambling = " Gustave Eiffel was an engineer."
+    script = [(START, FIRST), (r"(\.|Eiffel)$", rambling * 3), (r"So the answer is$", " Dijon.\nMore text")]
     trace, llm = run_flare(script, corpus, max_tokens=20, look_ahead_tokens=8)
     assert trace.error is None and trace.answer == "Dijon"
     looks = [g for g in trace.of_kind(Generate) if g.purpose == "look-ahead"]
     # each look-ahead gets what is left of the budget: sentences of 8, 5 and 5 tokens leave 2 of 20,
     # and the last, cut there, has no sentence end (a fragment, kept as the released code keeps it)
-    assert [len(g.logprobs) for g in looks] == [8, 8, 7, 2]
+    assert [g.text for g in looks][-1] == " Gustave Eiffel "
+    assert [len(g.logprobs) for g in looks] == [8, 5, 5, 2]
     assert [d.signals["tokens"] for d in decisions(trace)] == [8, 5, 5, 2]
     assert decisions(trace, "flare-answer")[0].choice == "prompted"
     answer = trace.of_kind(Generate)[-1]
@@ -123,12 +125,12 @@ def test_the_length_budget_ends_the_answer_and_the_answer_is_prompted(corpus):
 
 # ------------------------------------------------------------------------------- other branches
 def test_question_mode_asks_a_question_per_low_span_and_merges_their_hits(corpus):
-    unsure = ScriptedTokens.of(("Eiffel ", LOW), "was ", "born ", "in ", "the ", "town ", "of ", ("Lyon. ", LOW))
+    unsure = ScriptedTokens.of((" Eiffel ", LOW), "was ", "born ", "in ", "the ", "town ", "of ", ("Lyon. ", LOW))
     script = [(START, FIRST),
               ('"Eiffel"', "Question: Who engineered the Eiffel Tower?"),
               ('"Lyon."', "Where was Gustave Eiffel born?"),
-              (AFTER_FIRST, [unsure, "Eiffel was born in Dijon. More."]),
-              (r"Dijon\. $", FINAL)]
+              (AFTER_FIRST, [unsure, " Eiffel was born in Dijon. More."]),
+              (r"Dijon\.$", FINAL)]
     trace, llm = run_flare(script, corpus, query_mode="question", k=2)
     assert trace.error is None and trace.answer == "Dijon"
     queries = [s.query for s in trace.of_kind(Retrieve)]
@@ -140,16 +142,16 @@ def test_question_mode_asks_a_question_per_low_span_and_merges_their_hits(corpus
 
 
 def test_question_mode_without_a_usable_question_falls_back_to_the_masked_sentence(corpus):
-    unsure = ScriptedTokens.of("Eiffel ", "was ", "born ", "in ", ("Lyon. ", LOW))
+    unsure = ScriptedTokens.of(" Eiffel ", "was ", "born ", "in ", ("Lyon. ", LOW))
     script = [(START, FIRST), ("ask a question", "Lyon"),  # not a question: dropped
-              (AFTER_FIRST, [unsure, "Eiffel was born in Dijon. More."]), (r"Dijon\. $", FINAL)]
+              (AFTER_FIRST, [unsure, " Eiffel was born in Dijon. More."]), (r"Dijon\.$", FINAL)]
     trace, _ = run_flare(script, corpus, query_mode="question")
     assert [s.query for s in trace.of_kind(Retrieve)][1] == "Eiffel was born in"
 
 
 def test_a_sentence_masked_entirely_retrieves_nothing_and_is_kept(corpus):
     unsure = ScriptedTokens.of(("Dijon ", LOW), ("Lyon. ", LOW), "More.")
-    script = [(START, [unsure, "never asked"]), (r"Lyon\. $", FINAL)]
+    script = [(START, [unsure, "never asked"]), (r"Lyon\.$", FINAL)]
     trace, _ = run_flare(script, corpus)
     assert [d.choice for d in decisions(trace)] == ["keep", "keep"]
     assert decisions(trace)[0].signals["empty_query"] == 1 and len(trace.of_kind(Retrieve)) == 1
@@ -170,7 +172,7 @@ def test_each_sentence_starts_from_a_loop_state_and_the_rule_can_be_switched_off
     def states(settings):
         policy = FLARE(settings).policy(QUESTION)
         action, seen, reply = policy.send(None), [], None
-        looks = iter(["One sentence here. More", "So the answer is Dijon."])
+        looks = iter(["One sentence here. More", " So the answer is Dijon."])
         try:
             while True:
                 if isinstance(action, LoopState):
@@ -188,7 +190,7 @@ def test_each_sentence_starts_from_a_loop_state_and_the_rule_can_be_switched_off
 
     seen, answer = states(FLARESettings())
     assert answer == "Dijon" and [s.iteration for s in seen] == [0, 1]
-    assert [s.state[1] for s in seen] == ["", "One sentence here. "] and seen[0].last == 255
+    assert [s.state[1] for s in seen] == ["", "One sentence here."] and seen[0].last == 255
     assert states(FLARESettings(stop_at_fixed_point=False))[0] == []
 
 
@@ -229,24 +231,39 @@ def test_sentence_end(text, end):
     assert sentence_end(text) == end
 
 
-def test_first_sentence_cuts_at_a_token_boundary():
-    def tokens(*pieces):
-        out, offset = [], 0
-        for piece, lp in pieces:
-            out.append(TokenLogprob(piece, lp, (), None, offset))
-            offset += len(piece)
-        return tuple(out)
+def tokens(*pieces):
+    out, offset = [], 0
+    for piece, lp in pieces:
+        out.append(TokenLogprob(piece, lp, (), None, offset))
+        offset += len(piece)
+    return tuple(out)
 
+
+def test_first_sentence_cuts_at_the_sentence_end():
     toks = tokens(("Dijon", -0.1), (" is", -0.1), (" big", -3.0), (".", -0.1), (" It", -0.1), (" is", -0.1))
-    sentence, probs, cut = first_sentence(Completion("Dijon is big. It is", tokens=toks))
-    assert (sentence, cut) == ("Dijon is big.", True) and len(probs) == 4
+    sentence, probs, ended = first_sentence(Completion("Dijon is big. It is", tokens=toks, finish_reason="eos"))
+    assert (sentence, ended) == ("Dijon is big.", False) and len(probs) == 4  # more text followed it
     assert probs[2] == pytest.approx(math.exp(-3.0))
-    # a token that crosses the boundary stays in the sentence
+    # a token that crosses the end counts, its text after the end does not enter the sentence
     toks = tokens(("Dijon", -0.1), (" is", -0.1), (" big. It", -0.1), (" is", -0.1))
-    sentence, probs, _ = first_sentence(Completion("Dijon is big. It is", tokens=toks))
-    assert sentence == "Dijon is big. It" and probs == pytest.approx([math.exp(-0.1)] * 3)
-    # no boundary: the whole text, not cut
-    assert first_sentence(Completion("Dijon is", tokens=toks[:2]))[2] is False
+    sentence, probs, _ = first_sentence(Completion("Dijon is big. It is", tokens=toks, finish_reason="length"))
+    assert sentence == "Dijon is big." and probs == pytest.approx([math.exp(-0.1)] * 3)
+    # no sentence end, the budget spent: the whole text, and the answer goes on
+    assert first_sentence(Completion("Dijon is ", tokens=toks[:2], finish_reason="length")) == \
+        ("Dijon is", pytest.approx([math.exp(-0.1)] * 2), False)
+
+
+@pytest.mark.parametrize("text, stop, finish, sentence, ended", [
+    ("Dijon is big", ". ", "stop", "Dijon is big.", False),         # the stop's period is the sentence's
+    ("Is Dijon big", "? ", "stop", "Is Dijon big?", False),
+    ("Dijon is big.", "\n\n", "stop", "Dijon is big.", True),        # the blank line ends the answer
+    ("Dijon is big.", None, "eos", "Dijon is big.", True),            # so does the end of the turn
+    ("He met Dr", ". ", "stop", "He met Dr.", False),                # a stop at an abbreviation: through it
+    ("", "\n\n", "stop", "", True),
+])
+def test_first_sentence_after_a_stop(text, stop, finish, sentence, ended):
+    completion = Completion(text, tokens=tokens((text + (stop or ""), -0.1)), finish_reason=finish, stop=stop)
+    assert first_sentence(completion)[::2] == (sentence, ended)
 
 
 def test_low_spans_group_near_tokens_and_drop_punctuation():
@@ -282,7 +299,7 @@ def test_flare_on_two_demo_questions_with_the_real_model():
     dataset = resolve_preset("demo")
     retriever = open_bm25(list(dataset.passages))
     llm = LlamaCppLLM(LlamaCppSettings(embedded="qwen2.5-coder-1.5b-instruct", n_ctx=4096))
-    method = FLARE(FLARESettings(max_tokens=64, look_ahead_tokens=32))
+    method = FLARE(FLARESettings(k=3, max_tokens=64, look_ahead_tokens=32))
     for question in dataset.questions[:2]:
         trace = run(method, question, Runtime(llm, retriever))
         assert trace.error is None and trace.answer

@@ -8,8 +8,8 @@ One question, as a policy over the shared runner loop:
    query; the released 2WikiMultihopQA config's `look_ahead_pre_retrieval: "first"`).
 2. Until the answer ends or the length budget is spent, per sentence:
    - look ahead: the model continues the partial answer (an Ask whose last message is the partial
-     assistant turn, continued, not closed) for up to `look_ahead_tokens` tokens with per-token
-     probabilities, cut at the first sentence boundary (`first_sentence`);
+     assistant turn, continued, not closed) with per-token probabilities, for up to
+     `look_ahead_tokens` tokens or to the first sentence end (`first_sentence`);
    - if every token's probability is at least θ, the sentence is kept as written ("keep");
    - else ("retrieve") the query is the sentence with the tokens below β masked out (§3.2.2,
      implicit query; `masked_query`) or, with `query_mode="question"`, one generated question per
@@ -27,6 +27,10 @@ Departures and choices the paper leaves open, on purpose:
 - The look-ahead sees the passages of the last retrieval, as the released code's prompt keeps them
   (the paper's notation writes it without documents); a kept sentence is not generated a second time
   (the released code asks again with the same prompt, which under greedy decoding repeats it).
+- Generation stops at the first sentence end (stop strings ". ", "? ", "! " ...) where the released
+  code decodes 64 tokens and cuts after the first sentence: the same sentence under greedy decoding,
+  except where a stop fires at an abbreviation ("Dr. "), whose text through the stop is then taken
+  as the sentence.
 - Two short exemplars from the MuSiQue train split stand in for the paper's eight 2Wiki exemplars
   (a 1.5B model's context holds five passages and little else), in the paper's "Answer: <reasoning>.
   So the answer is X." form; a chat template stands in for text-davinci-003's raw completion.
@@ -72,6 +76,10 @@ QUESTION_TASK = ('{text}\n\nGiven the above passage, ask a question to which the
                  '"{term}".')
 ANSWER_CUE = "So the answer is"
 
+ANSWER_END = "\n\n"  # the released code's final stop: a blank line ends the answer
+# A look-ahead stops at its first sentence end instead of decoding all 64 tokens and cutting there as
+# the released code does: under greedy decoding the sentence kept is the same, for a third of the work.
+SENTENCE_STOPS = (ANSWER_END, ". ", "? ", "! ", ".\n", "?\n", "!\n")
 QUERY_MODES = ("masked", "question")
 MIN_SENTENCE_CHARS = 5  # the released code's `min_sent_len`: a boundary earlier than this is no sentence end
 SPAN_GAP = 5  # the released code's `min_gap`: low tokens fewer than this apart belong to one span
@@ -140,9 +148,9 @@ class FLARE:
                 states.append(list(context))
             budget = min(s.look_ahead_tokens, s.max_tokens - used)
             look = yield Ask("look-ahead", answer_prompt(question.text, context, answer),
-                             Decoding(max_tokens=budget, stop=("\n\n",), logprobs=1))
+                             Decoding(max_tokens=budget, stop=SENTENCE_STOPS, logprobs=1))
             _require_tokens(look)
-            sentence, probs, cut = first_sentence(look)
+            sentence, probs, ended = first_sentence(look)
             if not sentence.strip():
                 break
             lowest = min(probs, default=1.0)
@@ -160,8 +168,8 @@ class FLARE:
                         found.append((yield Search(q, s.k)))
                     context = merge_round_robin(found, s.k)
                     chosen = yield Ask("regenerate", answer_prompt(question.text, context, answer),
-                                       Decoding(max_tokens=budget, stop=("\n\n",), logprobs=1))
-                    sentence, probs, cut = first_sentence(chosen)
+                                       Decoding(max_tokens=budget, stop=SENTENCE_STOPS, logprobs=1))
+                    sentence, probs, ended = first_sentence(chosen)
             choice = "retrieve" if chosen is not look else "keep"
             yield Note("flare-sentence", choice, (("sentence", float(index)), ("min_prob", lowest),
                                                   ("masked", float(masked)), ("tokens", float(len(probs))),
@@ -170,7 +178,6 @@ class FLARE:
                 break
             answer += sentence
             used += max(1, len(probs))
-            ended = not cut and chosen.finish_reason in ("eos", "stop")
             if ended or marked_answer(sentence) is not None:
                 break
         found = marked_answer(answer)
@@ -182,7 +189,7 @@ class FLARE:
                         Decoding(max_tokens=s.answer_max_tokens, stop=("\n",)))
         return clean_answer(out.text)
 
-    def _questions(self, text: str, pieces: list[str], probs: list[float]):
+    def _questions(self, text: str, pieces: list[str], probs: list[float]) -> Policy:
         """Explicit queries (§3.2.2): one generated question per low-confidence span of the sentence."""
         questions = []
         for term in low_spans(pieces, probs, self.settings.beta):
@@ -237,19 +244,22 @@ def sentence_end(text: str, min_chars: int = MIN_SENTENCE_CHARS) -> int | None:
 
 
 def first_sentence(completion: Completion) -> tuple[str, list[float], bool]:
-    """(the completion's first sentence, its tokens' probabilities, whether text after it was cut).
+    """(the completion's first sentence, its tokens' probabilities, whether the answer ends with it).
 
-    The cut falls before the first token that starts at or after the sentence's end, so a token that
-    crosses the boundary stays in the sentence (as the released code cuts); without a boundary the
-    whole text is the sentence."""
-    text, tokens = completion.text, completion.tokens or ()
-    end = sentence_end(text)
-    cut = len(text)
-    if end is not None:
-        cut = next((t.offset for t in tokens if t.offset >= end), len(text))
-        cut = min(cut, len(text))
-    kept = [math.exp(t.logprob) for t in tokens if t.offset < cut]
-    return text[:cut], kept, cut < len(text)
+    The sentence is the output through the stop string that ended it (`SENTENCE_STOPS`), cut at
+    `sentence_end`, trailing whitespace left for the next sentence; its tokens are those that start
+    before its end (a token that crosses the end counts). Without a sentence end: a sentence stop
+    that fired at none ("Dr. ") gives the text through it, anything else the whole text. The answer
+    ends with the sentence when nothing but whitespace follows it and the model ended its turn or
+    wrote the blank line (the released code's final stop, "\n\n")."""
+    stop = completion.stop if completion.finish_reason == "stop" and completion.stop else ""
+    raw = completion.text + stop  # the output through the stop string
+    end = sentence_end(raw)
+    if end is None:
+        end = len((raw if stop in SENTENCE_STOPS[1:] else completion.text).rstrip())
+    probs = [math.exp(t.logprob) for t in completion.tokens or () if t.offset < end]
+    final = completion.finish_reason == "eos" or stop == ANSWER_END
+    return raw[:end], probs, final and not raw[end:].strip()
 
 
 # ------------------------------------------------------------------------------------- queries
