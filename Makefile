@@ -11,7 +11,7 @@ export CMAKE_BUILD_PARALLEL_LEVEL ?= $(shell nproc 2>/dev/null || echo 2)
 DEMO_Q1 := Who directed the film that was shot in or around Leland, North Carolina in 1986
 DEMO_Q2 := Are Christopher Nolan and Sathish Kalathil both film directors?
 
-EXTRAS := embedded,server,eval,hf,view,browser,dev
+EXTRAS := embedded,server,eval,hf,view,browser,train,dev
 
 .PHONY: demo test lint install doctor clean
 

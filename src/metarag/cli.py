@@ -152,6 +152,39 @@ def build_parser() -> argparse.ArgumentParser:
     add_llm_args(tc)
     tc.set_defaults(handler=cmd_train_critic)
 
+    ta = sub.add_parser("train-agent", help="train the search agent with GRPO (TRL) on training questions",
+                        description="GRPO on TRL's GRPOTrainer: the agent's own policy (search-r1 or belief-agent) "
+                                    "run through the shared runner on the live model as rollouts (G per question, "
+                                    "sampled, the belief probe at every step), the reward read from each trace. "
+                                    "Paper settings by default (lr 1e-6, KL 0.001, G 5, 4 turns, 512 response "
+                                    "tokens, 4,096 prompt tokens, top-3). Training splits only. Checkpoints: "
+                                    "OUT/trainer/checkpoint-N/merged, for metarag eval --llm hf:PATH; a re-run "
+                                    "resumes. --plot OUT draws the training curves instead.")
+    ta.add_argument("--dataset", default=None, metavar="PRESET", help="a training preset (hotpotqa-train100, "
+                    "musique-train100, demo)")
+    ta.add_argument("--dataset-file", default=None, metavar="PATH", help="a training file of your own (needs "
+                    "--allow-any if its name does not say train)")
+    ta.add_argument("--format", default=None, help="format of --dataset-file, when not detected")
+    ta.add_argument("--corpus", default=None, metavar="PATH", help="corpus of --dataset-file")
+    ta.add_argument("--limit", type=positive_int, default=None, help="a seeded sample of N training questions")
+    ta.add_argument("--seed", type=int, default=0, help="sampling, rollout and trainer seed (default 0)")
+    ta.add_argument("--out", metavar="DIR", help="where checkpoints, the log and the manifest go")
+    ta.add_argument("--method", default="belief-agent", help="the agent: belief-agent (default) or search-r1")
+    ta.add_argument("--reward", default="belief", help="the reward (train/rewards.py): belief (default), search-r1, "
+                    "belief-over-only, belief-under-only, belief-ungated, beta-grpo")
+    ta.add_argument("--steps", type=positive_int, default=None, help="optimizer steps (default 10)")
+    ta.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
+                    help="stop (and save) after this many seconds of training")
+    ta.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="override a training setting (learning_rate, kl_coef, group_size, questions_per_step, "
+                         "max_turns, step_max_tokens, n_ctx, top_k, lora, save_every ...); repeatable")
+    ta.add_argument("--retriever", default="bm25", choices=("bm25", "dense", "hybrid"))
+    ta.add_argument("--allow-any", action="store_true", help="allow a --dataset-file not named as a training split")
+    ta.add_argument("--plot", metavar="DIR", help="draw the curves of the training run in DIR (DIR/curves.png) "
+                    "and exit")
+    add_llm_args(ta)
+    ta.set_defaults(handler=cmd_train_agent, llm="hf-0.5b")
+
     dr = sub.add_parser("doctor", help="check the installation before a long run",
                         description="Check llama.cpp's build and CPU features (AMX kernels compiled in or not), "
                                     "each embedded model and its sha256, a one-token decode in a child process, "
@@ -491,6 +524,33 @@ def cmd_train_critic(args: argparse.Namespace) -> int:
         raise_config("give at least one --dataset PRESET or --dataset-file PATH")
     report = run_training(specs, args.out, llm_spec=llm_spec_from_args(args), retriever=args.retriever,
                           allow_any=args.allow_any, progress=not args.quiet)
+    print(report.summary())
+    return 0
+
+
+def cmd_train_agent(args: argparse.Namespace) -> int:
+    if args.plot:
+        from metarag.train.agent import plot_curves
+
+        print(plot_curves(args.plot))
+        return 0
+    from metarag.evaluate.harness import DatasetSpec
+    from metarag.settings import override, parse_assignments
+    from metarag.train.agent import AgentTrainSettings, run_training
+
+    if not args.out:
+        raise_config("give --out DIR (where the checkpoints go)")
+    values: dict = dict(parse_assignments(list(args.set)))
+    values.update(method=args.method, reward=args.reward, seed=args.seed)
+    if args.steps is not None:
+        values["steps"] = args.steps
+    if args.time_budget is not None:
+        values["time_budget_s"] = args.time_budget
+    settings = override(AgentTrainSettings(), values, owner="train-agent")
+    spec = DatasetSpec(preset=args.dataset, file=args.dataset_file, format=args.format, corpus=args.corpus,
+                       limit=args.limit, seed=args.seed)
+    report = run_training(spec, llm_spec_from_args(args), args.out, settings, retriever=args.retriever,
+                          allow_any=args.allow_any)
     print(report.summary())
     return 0
 

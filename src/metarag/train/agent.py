@@ -1,0 +1,620 @@
+"""`metarag train-agent`: GRPO training of the search agents (`search-r1`, `belief-agent`) on TRL's
+`GRPOTrainer`, with the belief-action paper's reward (Qi et al., 2026, "MetaRAG: Belief-Action Aligned
+Policy Optimization for Agentic RAG", §3.5, Algorithm 1, Appendix D.1) or any other of
+`train/rewards.py`.
+
+Rollouts are the evaluation policy: TRL's `rollout_func` hook runs the agent's own policy through
+`methods/runner.run_many` on the transformers back-end wrapping the trainer's live model
+(`HFLLM.from_model`), sampled (temperature 1.0, a seed per rollout), G rollouts per question, the
+belief probe on at every decision step. Each finished trace is laid out as ONE training sequence with
+a mask (`rollout_sample`): the first step's prompt is the prompt; the completion is every step's
+generated token ids (env_mask 1, with their sampled log-probs) and, between them, the tokens the
+model did not generate (env_mask 0): the `<information>` blocks and notes injected into search-r1's
+growing transcript, and for belief-agent the re-built step prompts. One sequence, not one sample per
+step, because TRL's GRPO forms its groups from exactly G completions per prompt; for search-r1 the
+sequence is exactly the context the model read at every step (its transcript grows: each step's
+prompt token ids extend the sequence so far), for belief-agent a later step's output is trained
+after the whole sequence before it, which its rollout did not see (the paper's agent rebuilds the
+prompt each step; `layout/*` metrics count each step's case).
+
+The reward and its parts come from the trace (`train/rewards.py`'s registry) and are logged
+separately: the total as TRL's reward, outcome / consistency / penalty as zero-weight reward columns,
+searches, invalid actions and the pooled under-search rate as metrics.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import re
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from metarag.errors import ConfigError, DataError, MissingDependency, close_matches
+from metarag.records import Generate, Question, Trace
+from metarag.settings import check_ranges, setting
+
+AGENT_METHODS = ("search-r1", "belief-agent")
+STEP_PURPOSE = "agent-step"  # the Generate purpose of a decision step (AGENT_CONTRACT.md)
+MANIFEST = "metarag_manifest.json"
+MERGED = "merged"
+TRAINER_DIR = "trainer"
+LOG_FILE = "log.jsonl"
+CURVES_FILE = "curves.png"
+# layout of a decision step inside its rollout's sequence (see `rollout_sample`)
+TOKEN_EXACT, TEXT_CONTINUED, FRESH_PROMPT = "token-exact", "text-continued", "fresh-prompt"
+LAYOUTS = (TOKEN_EXACT, TEXT_CONTINUED, FRESH_PROMPT)
+_TRAIN_WORD = re.compile(r"(?<![a-z])train")
+
+
+# ------------------------------------------------------------------------------------ settings
+@dataclass(frozen=True)
+class AgentTrainSettings:
+    """GRPO on the search agent, with the belief-action paper's settings (Qi et al., 2026, §4.1,
+    Appendix D.1): actor lr 1e-6, KL coefficient 0.001, rollout group G = 5, at most T = 4 turns,
+    512 response tokens per step, a 4,096-token prompt, top-3 passages, rollout temperature 1.0.
+
+    Ours, where the paper's setting does not fit a CPU: `questions_per_step` 1 (the paper's batch is
+    256 questions), `steps` 10 (the paper runs 400 iterations), LoRA (`lora` None: on when training
+    on the CPU, full fine-tuning on a GPU) with r 16 / alpha 32 / dropout 0.05 (PEFT's usual values;
+    the paper trains every weight), `save_every` 5 steps, a constant learning rate (verl's default).
+    `loss_type` "grpo" is the GRPO objective (TRL's default is DAPO's token-level loss).
+    `time_budget_s` 0: no limit; else training stops (and saves) after that many seconds."""
+
+    method: str = "belief-agent"
+    reward: str = "belief"
+    steps: int = setting(10, ge=1)
+    learning_rate: float = setting(1e-6, gt=0)
+    kl_coef: float = setting(0.001, ge=0)
+    group_size: int = setting(5, ge=2)
+    questions_per_step: int = setting(1, ge=1)
+    max_turns: int = setting(4, ge=1)
+    step_max_tokens: int = setting(512, ge=1)
+    n_ctx: int = setting(4096, ge=64)
+    top_k: int = setting(3, ge=1)
+    temperature: float = setting(1.0, gt=0)
+    lora: bool | None = None
+    lora_r: int = setting(16, ge=1)
+    lora_alpha: int = setting(32, ge=1)
+    lora_dropout: float = setting(0.05, ge=0, lt=1)
+    loss_type: str = "grpo"
+    save_every: int = setting(5, ge=1)
+    time_budget_s: float = setting(0.0, ge=0)
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        check_ranges(self)
+        if self.method not in AGENT_METHODS:
+            raise ConfigError(f"train-agent trains {' or '.join(AGENT_METHODS)}, not {self.method!r}"
+                              f"{close_matches(self.method, AGENT_METHODS)}")
+        from metarag.train.rewards import reward_function
+
+        reward_function(self.reward)  # an unknown reward fails here, before any model loads
+
+    def method_overrides(self) -> dict[str, Any]:
+        """The agent's settings a training run fixes: turns, passages, step budget, the probe on."""
+        return {"T": self.max_turns, "k": self.top_k, "step_max_tokens": self.step_max_tokens, "probe": True}
+
+
+def check_training_split(name: str, path: str | None, allow_any: bool = False) -> None:
+    """Refuse to train on an evaluation split (the rule of `train-critic`): a preset only if it is a
+    training preset; a file only if its name says train (`hotpotqa_train.json`), or with `allow_any`."""
+    from metarag.data.datasets import PRESETS
+    from metarag.train.critic import TRAINING_PRESETS
+
+    if name in TRAINING_PRESETS:
+        return
+    if name in PRESETS:
+        raise ConfigError(f"{name} is an evaluation set: the agent is trained only on training splits "
+                          f"({', '.join(sorted(TRAINING_PRESETS))}, or a file of your own training questions)")
+    if allow_any or _TRAIN_WORD.search(Path(path or name).name.lower()):
+        return
+    raise ConfigError(f"the file {path or name} is not named as a training split: rename it to say 'train' "
+                      "or pass --allow-any if it holds no evaluation questions")
+
+
+# ------------------------------------------------------------------------------ rollout layout
+@dataclass(frozen=True)
+class RolloutSample:
+    """One rollout as TRL trains it: `prompt_ids` (the first step's prompt, as the back-end
+    tokenized it), `completion_ids` (everything after), `env_mask` (1 on the tokens the model
+    generated, 0 on injected ones), `logprobs` (the sampled log-prob of each generated token; NaN on
+    injected tokens, which TRL only reads for vLLM's importance correction), `layout` (each decision
+    step's case: token-exact, text-continued or fresh-prompt, see `rollout_sample`)."""
+
+    prompt_ids: tuple[int, ...]
+    completion_ids: tuple[int, ...]
+    env_mask: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    layout: tuple[str, ...]
+
+
+def step_generations(trace: Trace) -> list[Generate]:
+    """The trace's decision-step generations by the run's own model, in order (the probe's Score
+    steps and any other model's calls are not trained on)."""
+    return [s for s in trace.steps if isinstance(s, Generate) and s.purpose == STEP_PURPOSE and not s.model]
+
+
+def rollout_sample(trace: Trace, llm: Any) -> RolloutSample:
+    """Lay a finished agent trace out as one sequence with a mask. `llm` is the back-end the rollout
+    ran on (its `tokenize`, `detokenize` and `render`, i.e. how it turned each step's prompt into ids).
+
+    Step 0's prompt ids are the prompt. Each step k's generated ids follow with mask 1. Before them,
+    what step k's prompt adds to the sequence so far, with mask 0:
+    - token-exact: step k's prompt ids start with the sequence so far (search-r1: the transcript
+      grew by the `<information>` block); the rest of its ids. The model read exactly this.
+    - text-continued: not as ids but as text (the back-end re-tokenized the transcript, e.g. a stop
+      token whose piece ran past `</search>`, or sampled ids that tokenize differently); the rest of
+      the text, tokenized. The same text as the model read, tokenized once.
+    - fresh-prompt: step k's prompt is no continuation (belief-agent's re-built step prompt); all
+      of its ids. Its output is then trained after the sequence before it, which it did not see.
+    A trace with no generation (it failed first) gets one masked end-of-sequence token."""
+    from metarag.llm.base import prompt_text
+
+    generations = step_generations(trace)
+    eos = _eos_id(llm)
+    if not generations:
+        return RolloutSample((eos,), (eos,), (0,), (math.nan,), ())
+
+    def context(g: Generate) -> list[int]:
+        if g.prompt_ids:
+            return list(g.prompt_ids)
+        return list(llm.tokenize(prompt_text(llm, g.prompt))) if g.prompt else []
+
+    def generated(g: Generate) -> tuple[list[int], list[float]]:
+        tokens = g.logprobs or ()
+        if not tokens and g.text:
+            raise DataError(f"trace of question {trace.question_id!r}: a decision step recorded without its "
+                            "tokens; the agent asks with logprobs=1")
+        if any(t.id is None for t in tokens):
+            raise DataError(f"trace of question {trace.question_id!r}: the back-end returned no token ids")
+        return [int(t.id) for t in tokens], [float(t.logprob) for t in tokens]
+
+    prompt = context(generations[0])
+    sequence = list(prompt)
+    completion: list[int] = []
+    mask: list[int] = []
+    logprobs: list[float] = []
+    layout: list[str] = []
+    for k, g in enumerate(generations):
+        if k == 0:
+            layout.append(TOKEN_EXACT)
+        else:
+            ctx = context(g)
+            if ctx[:len(sequence)] == sequence:
+                added, case = ctx[len(sequence):], TOKEN_EXACT
+            else:
+                said, read = llm.detokenize(sequence), llm.detokenize(ctx)
+                if read.startswith(said):
+                    added, case = _tokenize_piece(llm, read[len(said):]), TEXT_CONTINUED
+                else:
+                    added, case = ctx, FRESH_PROMPT
+            layout.append(case)
+            completion += added
+            mask += [0] * len(added)
+            logprobs += [math.nan] * len(added)
+            sequence += added
+        ids, lps = generated(g)
+        completion += ids
+        mask += [1] * len(ids)
+        logprobs += lps
+        sequence += ids
+    if not completion:  # an empty first generation that ended the trace
+        completion, mask, logprobs = [eos], [0], [math.nan]
+    return RolloutSample(tuple(prompt), tuple(completion), tuple(mask), tuple(logprobs), tuple(layout))
+
+
+def _tokenize_piece(llm: Any, text: str) -> list[int]:
+    """Ids of a text in the middle of a sequence: no BOS or other special tokens added."""
+    tokenizer = getattr(llm, "tokenizer", None)
+    if tokenizer is not None:
+        return list(tokenizer.encode(text, add_special_tokens=False))
+    return list(llm.tokenize(text))
+
+
+def _eos_id(llm: Any) -> int:
+    eos = getattr(llm, "_eos", None)
+    if eos:
+        return min(eos)
+    ids = llm.tokenize("<|im_end|>") if hasattr(llm, "tokenize") else [0]
+    return ids[-1] if ids else 0
+
+
+def rollout_seed(run_seed: int, step: int, position: int) -> int:
+    """The seed of the rollout at `position` of training step `step`: distinct across rollouts and
+    steps, the same when a resumed run re-draws a step, 31 bits."""
+    digest = hashlib.blake2b(f"agent-rollout:{run_seed}:{step}:{position}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") & 0x7FFF_FFFF
+
+
+# ------------------------------------------------------------------------------------ rollouts
+class _PerRollout:
+    """The agent with its own settings per rollout (belief-agent's random candidate is seeded from
+    the rollout seed, so the G rollouts of a question draw different candidates): `policy` dispatches
+    on the rollout's question object to that rollout's agent. Not a loop: the agents' own policies run."""
+
+    def __init__(self, name: str, by_question: dict[int, Any]):
+        self.name = name
+        self._by_question = by_question
+
+    def policy(self, question: Question):
+        return self._by_question[id(question)].policy(question)
+
+
+class AgentRollouts:
+    """TRL's `rollout_func`: runs the agent on the step's prompts through `run_many` with the live
+    model and returns the sequences, masks, log-probs and each rollout's `Reward` (`rollout_reward`,
+    read by the reward columns). `last` keeps the step's traces, samples and rewards (tests, logs)."""
+
+    def __init__(self, questions: Sequence[Question], retriever: Any, settings: AgentTrainSettings,
+                 reward_settings: Any = None, identity: str = "train-agent"):
+        from metarag.methods.registry import build_method, method_settings
+        from metarag.train.rewards import RewardSettings, reward_function
+
+        self.settings = settings
+        self.retriever = retriever
+        self.reward_fn = reward_function(settings.reward)
+        self.reward_settings = reward_settings if reward_settings is not None else RewardSettings()
+        self.identity = identity
+        self.by_text: dict[str, Question] = {}
+        for q in questions:
+            self.by_text.setdefault(q.text, q)
+        overrides = settings.method_overrides()
+        self.agent_settings = method_settings(settings.method, overrides)
+        self._build = build_method
+        self.method = build_method(settings.method, overrides)
+        self.last: dict[str, Any] = {}
+
+    def __call__(self, prompts: Sequence[Any], trainer: Any) -> dict[str, list]:
+        step = int(trainer.state.global_step)
+        model = trainer.accelerator.unwrap_model(trainer.model)
+        return self.run(prompts, model, trainer.processing_class, step)
+
+    def run(self, prompts: Sequence[Any], model: Any, tokenizer: Any, step: int) -> dict[str, list]:
+        from metarag.llm.hf import HFLLM, HFSettings
+        from metarag.methods.runner import Runtime, Sampling, run_many
+        from metarag.train.rewards import agent_steps, gap_rates
+
+        questions = [self._question(p) for p in prompts]
+        inner = model.get_base_model() if hasattr(model, "get_base_model") else model  # LoRA layers stay in
+        llm = HFLLM.from_model(inner, tokenizer, identity=f"{self.identity}:step{step}",
+                               settings=HFSettings(embedded=None, n_ctx=self.settings.n_ctx))
+        seeds = [rollout_seed(self.settings.seed, step, i) for i in range(len(questions))]
+        rollouts = [dataclasses.replace(q) for q in questions]  # one object per rollout (see _PerRollout)
+        method = self.method
+        if hasattr(self.agent_settings, "candidate_seed"):
+            method = _PerRollout(self.method.name, {
+                id(r): self._build(self.settings.method, {**self.settings.method_overrides(), "candidate_seed": s})
+                for r, s in zip(rollouts, seeds)})
+        runtime = Runtime(llm=llm, retriever=self.retriever, sampling=Sampling(temperature=self.settings.temperature))
+        traces = run_many(method, rollouts, runtime, seeds=seeds)
+        samples = [rollout_sample(t, llm) for t in traces]
+        rewards = [self._reward(t, q) for t, q in zip(traces, questions)]
+        under = gap_rates([agent_steps(t) for t in traces if t.error is None], self.reward_settings.margin)
+        self.last = {"step": step, "traces": traces, "samples": samples, "rewards": rewards, "questions": questions}
+        return {"prompt_ids": [list(s.prompt_ids) for s in samples],
+                "completion_ids": [list(s.completion_ids) for s in samples],
+                "logprobs": [list(s.logprobs) for s in samples],
+                "env_mask": [list(s.env_mask) for s in samples],
+                "rollout_reward": rewards,
+                "rollout_layout": [s.layout for s in samples],
+                "rollout_under_search": under.under_search_rate}
+
+    def _question(self, prompt: Any) -> Question:
+        text = prompt if isinstance(prompt, str) else prompt[-1]["content"]
+        try:
+            return self.by_text[text]
+        except KeyError:
+            raise DataError(f"the trainer sent a prompt that is no training question: {str(text)[:80]!r}") from None
+
+    def _reward(self, trace: Trace, question: Question) -> Any:
+        from metarag.train.rewards import Reward
+
+        if trace.error is not None:  # a failed rollout scores 0, as a failed question does in evaluation
+            return Reward(0.0, 0.0)
+        return self.reward_fn(trace, question.answers, self.reward_settings)
+
+
+def reward_columns() -> tuple[list[Callable[..., list]], list[float]]:
+    """TRL's reward functions and weights: the total (weight 1) and its parts as zero-weight columns,
+    so TRL logs each (`rewards/<name>/mean`) while only the total reaches the advantage; the total's
+    function also logs searches, invalid actions and the pooled under-search rate as metrics."""
+
+    def reward(prompts, completions, rollout_reward, log_metric=None, rollout_layout=None,
+               rollout_under_search=None, **_):
+        if log_metric is not None:
+            log_metric("searches", sum(r.searches for r in rollout_reward) / len(rollout_reward))
+            log_metric("invalid_actions", sum(r.invalid_actions for r in rollout_reward) / len(rollout_reward))
+            under = rollout_under_search[0] if rollout_under_search else math.nan  # one value, per row
+            if not math.isnan(under):
+                log_metric("under_search_rate", under)
+            if rollout_layout:
+                steps = [case for layout in rollout_layout for case in layout]
+                for case in LAYOUTS:
+                    log_metric(f"layout/{case}", sum(c == case for c in steps) / max(len(steps), 1))
+        return [float(r.total) for r in rollout_reward]
+
+    def outcome(prompts, completions, rollout_reward, **_):
+        return [float(r.outcome) for r in rollout_reward]
+
+    def consistency(prompts, completions, rollout_reward, **_):
+        return [None if r.consistency is None else float(r.consistency) for r in rollout_reward]
+
+    def penalty(prompts, completions, rollout_reward, **_):
+        return [float(r.penalty) for r in rollout_reward]
+
+    return [reward, outcome, consistency, penalty], [1.0, 0.0, 0.0, 0.0]
+
+
+# ------------------------------------------------------------------------------------ training
+@dataclass(frozen=True)
+class TrainReport:
+    """What a training run left: its folder, the steps done, the last checkpoint (merged model
+    folder, usable as `--llm hf:PATH`) and the per-step log."""
+
+    out: Path
+    steps: int
+    checkpoint: Path | None
+    log: tuple[dict[str, Any], ...]
+
+    def summary(self) -> str:
+        lines = [f"trained {self.steps} step(s) into {self.out}"]
+        if self.log:
+            last = self.log[-1]
+            parts = [f"{k}={last[k]:.4g}" for k in ("reward", "rewards/reward/mean", "rewards/outcome/mean",
+                                                     "searches", "under_search_rate", "kl") if k in last]
+            lines.append("last step: " + ", ".join(parts))
+        if self.checkpoint is not None:
+            lines.append(f"checkpoint: {self.checkpoint}")
+            lines.append(f"evaluate it: metarag eval --llm hf:{self.checkpoint} --method <agent> --dataset ...")
+        return "\n".join(lines)
+
+
+def _import_trl():
+    try:
+        import peft
+        import trl
+    except ModuleNotFoundError:
+        raise MissingDependency("trl and peft", "train") from None
+    return trl, peft
+
+
+def train_agent(questions: Sequence[Question], retriever: Any, model: Any, tokenizer: Any, out_dir: str | Path,
+                settings: AgentTrainSettings = AgentTrainSettings(), *, provenance: dict[str, Any] | None = None,
+                reward_settings: Any = None, callbacks: Sequence[Any] = ()) -> TrainReport:
+    """GRPO-train `model` (a transformers causal LM, with `tokenizer`) as the agent `settings.method`
+    on `questions`, retrieving from `retriever`. Checkpoints go to `out_dir/trainer/checkpoint-N`
+    (TRL's: adapter or weights, optimizer, RNG; plus `merged/`, a full model folder, and the
+    manifest); a run whose folder holds a checkpoint resumes from the last one. `provenance`
+    (base model and data sha256 ...) goes into every manifest."""
+    import os
+
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    trl, peft = _import_trl()
+    import torch
+    from datasets import Dataset
+    from transformers import TrainerCallback
+
+    from metarag.train.rewards import RewardSettings
+
+    if not questions:
+        raise ConfigError("no training questions")
+    reward_settings = reward_settings if reward_settings is not None else RewardSettings()
+    out = Path(out_dir).expanduser()
+    out.mkdir(parents=True, exist_ok=True)
+    on_gpu = torch.cuda.is_available()
+    lora = (not on_gpu) if settings.lora is None else settings.lora
+    manifest_base = {
+        "method": settings.method, "reward": settings.reward,
+        "settings": dataclasses.asdict(settings), "lora": lora,
+        "reward_settings": dataclasses.asdict(reward_settings),
+        "trl": trl.__version__, "peft": peft.__version__, "git_commit": _git_commit(),
+        **(provenance or {}),
+    }
+    _check_resumable(out, manifest_base)
+    (out / "settings.json").write_text(json.dumps(manifest_base, indent=2, default=str) + "\n")
+
+    rollouts = AgentRollouts(questions, retriever, settings, reward_settings,
+                             identity=f"train-agent:{(provenance or {}).get('base_model_sha256', '')[:16]}")
+    batch = settings.group_size * settings.questions_per_step
+    config = trl.GRPOConfig(
+        output_dir=str(out / TRAINER_DIR), learning_rate=settings.learning_rate, beta=settings.kl_coef,
+        num_generations=settings.group_size, per_device_train_batch_size=1, gradient_accumulation_steps=batch,
+        steps_per_generation=batch, max_steps=settings.steps, lr_scheduler_type="constant", warmup_steps=0,
+        temperature=settings.temperature, max_completion_length=settings.step_max_tokens,
+        loss_type=settings.loss_type, scale_rewards="group", mask_truncated_completions=False,
+        save_strategy="steps", save_steps=settings.save_every, logging_steps=1, report_to="none",
+        seed=settings.seed, data_seed=settings.seed, bf16=on_gpu, use_cpu=not on_gpu,
+        gradient_checkpointing=False, disable_dropout=True, remove_unused_columns=False,
+        dataloader_num_workers=0, save_only_model=False)
+    funcs, weights = reward_columns()
+    config.reward_weights = weights
+    data = Dataset.from_list([{"prompt": text} for text in rollouts.by_text])
+    peft_config = None
+    if lora:
+        peft_config = peft.LoraConfig(r=settings.lora_r, lora_alpha=settings.lora_alpha,
+                                      lora_dropout=settings.lora_dropout, task_type="CAUSAL_LM",
+                                      target_modules="all-linear")
+    log: list[dict[str, Any]] = []
+    log_path = out / LOG_FILE
+    started = time.monotonic()
+
+    class _Logs(TrainerCallback):
+        def on_log(self, args, state, control, logs=None, **kw):
+            if logs and "train_runtime" not in logs:
+                record = {"step": state.global_step, **{k: v for k, v in logs.items()
+                                                        if isinstance(v, (int, float))}}
+                log.append(record)
+                with log_path.open("a") as f:
+                    f.write(json.dumps(record) + "\n")
+
+        def on_step_end(self, args, state, control, **kw):
+            if settings.time_budget_s and time.monotonic() - started >= settings.time_budget_s:
+                control.should_training_stop = True
+                control.should_save = True
+
+        def on_save(self, args, state, control, model=None, processing_class=None, **kw):
+            folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+            _save_checkpoint(folder, trainer.model, tokenizer, {**manifest_base, "steps": state.global_step})
+
+    trainer = trl.GRPOTrainer(model=model, reward_funcs=funcs, args=config, train_dataset=data,
+                              processing_class=tokenizer, peft_config=peft_config, rollout_func=rollouts,
+                              callbacks=[_Logs(), *callbacks])
+    last = _last_checkpoint(out)
+    trainer.train(resume_from_checkpoint=str(last) if last is not None else None)
+    final = _last_checkpoint(out)
+    if final is None or _checkpoint_step(final) != trainer.state.global_step:
+        trainer.save_model(str(out / TRAINER_DIR / f"checkpoint-{trainer.state.global_step}"))
+        final = out / TRAINER_DIR / f"checkpoint-{trainer.state.global_step}"
+        _save_checkpoint(final, trainer.model, tokenizer, {**manifest_base, "steps": trainer.state.global_step})
+    rollouts.trainer = trainer  # type: ignore[attr-defined]  # for tests and the caller's inspection
+    return TrainReport(out, int(trainer.state.global_step), final / MERGED, tuple(log))
+
+
+def _save_checkpoint(folder: Path, model: Any, tokenizer: Any, manifest: dict[str, Any]) -> None:
+    """Beside TRL's checkpoint files: `merged/` (the full model, adapter merged in, safetensors and
+    the tokenizer: a folder `--llm hf:PATH` loads) and the manifest with the merged model's hash."""
+    import copy
+
+    from metarag.llm.hf import folder_sha256
+
+    folder.mkdir(parents=True, exist_ok=True)
+    merged = folder / MERGED
+    inner = model.module if hasattr(model, "module") else model
+    if hasattr(inner, "merge_and_unload"):
+        full = copy.deepcopy(inner).merge_and_unload()
+        inner.save_pretrained(str(folder / "adapter"))
+    else:
+        full = inner
+    full.save_pretrained(str(merged), safe_serialization=True)
+    tokenizer.save_pretrained(str(merged))
+    if full is not inner:
+        del full
+    record = {**manifest, "merged": str(merged), "merged_sha256": folder_sha256(merged),
+              "adapter": str(folder / "adapter") if (folder / "adapter").exists() else None,
+              "saved": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    (folder / MANIFEST).write_text(json.dumps(record, indent=2, default=str) + "\n")
+
+
+def _checkpoint_step(folder: Path) -> int:
+    return int(folder.name.rsplit("-", 1)[1])
+
+
+def _last_checkpoint(out: Path) -> Path | None:
+    """The newest complete checkpoint (TRL's files and our manifest) under out/trainer."""
+    root = out / TRAINER_DIR
+    if not root.is_dir():
+        return None
+    done = [p for p in root.glob("checkpoint-*") if p.name.split("-")[-1].isdigit()
+            and (p / MANIFEST).exists() and (p / "trainer_state.json").exists()]
+    return max(done, key=_checkpoint_step) if done else None
+
+
+_RESUME_KEYS = ("method", "reward", "reward_settings", "base_model_sha256", "data_sha256", "lora")
+
+
+def _check_resumable(out: Path, manifest: dict[str, Any]) -> None:
+    """A folder holding a run with another model, data or reward is refused, not silently resumed."""
+    last = _last_checkpoint(out)
+    if last is None:
+        return
+    old = json.loads((last / MANIFEST).read_text())
+    for key in _RESUME_KEYS:
+        if key in manifest and json.dumps(old.get(key), default=str) != json.dumps(manifest.get(key), default=str):
+            raise ConfigError(f"{out} holds a training run with another {key} ({old.get(key)!r}, now "
+                              f"{manifest.get(key)!r}): give a new --out, or the same settings to resume")
+
+
+def _git_commit() -> str | None:
+    from metarag.evaluate.harness import _git_commit as commit
+
+    return commit()
+
+
+# ----------------------------------------------------------------------------------- the command
+def run_training(dataset_spec: Any, llm_spec: Any, out_dir: str | Path, settings: AgentTrainSettings, *,
+                 retriever: str = "bm25", allow_any: bool = False) -> TrainReport:
+    """`metarag train-agent`: load the training questions with their corpus (any file or preset the
+    harness reads; evaluation splits refused unless `allow_any`), the base model through the
+    transformers back-end (`hf`, `hf-0.5b`, `hf:PATH`), then `train_agent`."""
+    from metarag.evaluate.harness import load_questions
+    from metarag.llm.hf import HFLLM
+    from metarag.llm.registry import BACKENDS, backend_settings, check_spec
+    from metarag.pipeline import open_retriever
+
+    check_spec(llm_spec)
+    if BACKENDS[llm_spec.backend].cls != "HFLLM":
+        raise ConfigError(f"train-agent trains a transformers model: --llm hf, hf-0.5b or hf:PATH, not "
+                          f"{llm_spec.label()}")
+    _import_trl()
+    dataset = load_questions(dataset_spec)
+    check_training_split(dataset.name, dataset.path, allow_any)
+    if not dataset.passages:
+        raise ConfigError(f"{dataset.name} has no passages to retrieve from: give it a corpus")
+    hf_settings = dataclasses.replace(backend_settings(llm_spec), n_ctx=settings.n_ctx)
+    base = HFLLM(hf_settings)
+    provenance = {"base_model": base.identity, "base_model_sha256": base.model_sha256,
+                  "data": {"name": dataset.name, "path": dataset.path, "questions": len(dataset.questions),
+                           "limit": dataset_spec.limit, "sample_seed": dataset_spec.seed},
+                  "data_sha256": dataset.sha256, "retriever": retriever}
+    search = open_retriever(dataset.passages, retriever)
+    return train_agent(dataset.questions, search, base.model, base.tokenizer, out_dir, settings,
+                       provenance=provenance)
+
+
+# ---------------------------------------------------------------------------------------- plot
+CURVES = (("accuracy (EM)", ("rewards/outcome/mean",)),
+          ("reward", ("rewards/reward/mean", "rewards/consistency/mean")),
+          ("searches per question", ("searches",)),
+          ("under-search rate", ("under_search_rate",)))
+
+
+def read_log(out_dir: str | Path) -> list[dict[str, Any]]:
+    """The per-step records of a training run (one JSON object a line), the last record of a step
+    winning (a resumed run re-logs nothing before its checkpoint)."""
+    path = Path(out_dir).expanduser() / LOG_FILE
+    if not path.exists():
+        raise DataError("no training log (log.jsonl) in the folder: train first", path=str(path))
+    by_step: dict[int, dict[str, Any]] = {}
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            raise DataError(f"line {n} is not JSON", path=str(path)) from None
+        by_step[int(record.get("step", 0))] = record
+    return [by_step[s] for s in sorted(by_step)]
+
+
+def plot_curves(out_dir: str | Path, file: str | Path | None = None) -> Path:
+    """The training curves of the paper's Figure 3 (accuracy, rewards, searches, under-search rate)
+    per step, from the run's log, as a PNG (default `out_dir/curves.png`)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ModuleNotFoundError:
+        raise MissingDependency("matplotlib", "eval") from None
+    records = read_log(out_dir)
+    target = Path(file) if file is not None else Path(out_dir).expanduser() / CURVES_FILE
+    fig, axes = plt.subplots(1, len(CURVES), figsize=(4 * len(CURVES), 3.2))
+    for ax, (title, keys) in zip(axes, CURVES):
+        for key in keys:
+            points = [(r["step"], r[key]) for r in records if isinstance(r.get(key), (int, float))
+                      and not math.isnan(r[key])]
+            if points:
+                ax.plot(*zip(*points), marker="o", label=key.removeprefix("rewards/").removesuffix("/mean"))
+        ax.set_title(title)
+        ax.set_xlabel("step")
+        if len(keys) > 1:
+            ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(target, dpi=110)
+    plt.close(fig)
+    return target
