@@ -193,15 +193,16 @@ def test_self_ask_on_two_demo_questions_with_the_real_model():
     dataset = resolve_preset("demo")
     retriever = open_bm25(list(dataset.passages))
     llm = LlamaCppLLM(LlamaCppSettings(embedded="qwen2.5-coder-1.5b-instruct", n_ctx=2048))
-    method = SelfAsk(SelfAskSettings(k=2, max_follow_ups=2, step_max_tokens=40, answer_max_tokens=16))
+    method = SelfAsk(SelfAskSettings(k=1, max_follow_ups=1, step_max_tokens=32, answer_max_tokens=12))
     for question in dataset.questions[:2]:
         trace = run(method, question, Runtime(llm, retriever))
-        assert trace.error is None and trace.answer
+        texts = [g.text for g in trace.of_kind(Generate)]
+        assert trace.error is None and trace.answer, (trace.error, texts)
         steps = [d.choice for d in trace.of_kind(Decide) if d.name == "self-ask-step"]
-        assert 1 <= len(steps) <= 2 and set(steps) <= {"follow-up", "final", "final-prompt"}
+        assert len(steps) == 1 and set(steps) <= {"follow-up", "final", "final-prompt"}
         assert trace.usage.retrieval_calls == steps.count("follow-up")
         for r in trace.of_kind(Retrieve):
-            assert r.query and len(r.hits) == 2
+            assert r.query and len(r.hits) == 1
 
 
 def test_a_fixed_point_ends_the_chain_and_asks_for_the_final_answer(corpus):

@@ -84,8 +84,9 @@ class SelfAskSettings:
     as in the paper, where the model's prompt holds only the self-ask text; "passages": FlashRAG's
     variant, which retrieves k for the question first and shows the passages held (as `passages`
     says). step/answer max tokens bound each generation. `stop_at_fixed_point`: the shared rule
-    (`methods/fixed_point.py`) on the follow-ups with their answers and the passages the steps read;
-    it cannot fire as the loop stands, since every step that goes on adds a follow-up to the text.
+    (`methods/fixed_point.py`) on the follow-ups with their answers and the passages held where a
+    later prompt reads them; it cannot fire as the loop stands, since every step that goes on adds a
+    follow-up to the text.
     """
 
     k: int = setting(5, ge=1)
@@ -124,7 +125,8 @@ class SelfAsk:
         states: list[tuple[list[Hit], list[tuple[str, str]]]] = []  # at the start of each step
         for step in range(s.max_follow_ups):
             if s.stop_at_fixed_point:
-                seen = held if s.step_context == "passages" else []
+                # the passages held reach a later prompt when a step reads them or the next answer adds to them
+                seen = held if s.step_context == "passages" or s.passages == "accumulate" else []
                 state = ("self-ask", tuple(h.passage.id for h in seen), tuple(chain))
                 fixed = yield LoopState(state, step, s.max_follow_ups - 1)
                 if fixed is not None:  # the full loop would end as step `ends_as` did: in the state after it
