@@ -49,6 +49,7 @@ OWN_GOLDEN_TESTS = {"metarag": "test_metarag.py", "sim-rag": "test_sim_rag.py", 
                     "react": "test_react.py", "flare": "test_flare.py",
                     "reflexion": "test_reflexion.py", "search-r1": "test_search_agent.py",
                     "belief-agent": "test_search_agent.py", "kirag": "test_kirag.py",
+                    "adaptive-rag": "test_adaptive_rag.py",
                     "self-ask": "test_self_ask.py", "ircot": "test_ircot.py",
                     "dragin": "test_dragin.py", "dragin-entropy": "test_dragin.py",
                     "self-rag": "test_self_rag.py", "self-rag-prompted": "test_self_rag.py"}

@@ -31,6 +31,7 @@ METHODS: dict[str, tuple[str, str, str]] = {
     "self-rag": ("metarag.methods.self_rag", "SelfRAG", "SelfRAGSettings"),
     "self-rag-prompted": ("metarag.methods.self_rag", "SelfRAGPrompted", "SelfRAGPromptedSettings"),
     "kirag": ("metarag.methods.kirag", "KiRAG", "KiRAGSettings"),
+    "adaptive-rag": ("metarag.methods.adaptive_rag", "AdaptiveRAG", "AdaptiveRAGSettings"),
 }
 
 # Methods that never retrieve: a run of them needs no corpus and loads no index.
