@@ -223,3 +223,18 @@ def test_adaptive_rag_on_two_demo_questions_with_the_real_model():
         assert decide.choice in ("A", "B", "C")
         assert sum(decide.signals[f"p_{r}"] for r in "ABC") == pytest.approx(1.0)
         assert trace.usage.retrieval_calls == {"A": 0, "B": 1}.get(decide.choice, trace.usage.retrieval_calls)
+
+
+def test_train_router_command_refuses_an_evaluation_preset_in_one_line(tmp_path, capsys):
+    from metarag.cli import main
+    from metarag.data.datasets import find_data_dir
+
+    try:
+        find_data_dir()
+    except ConfigError:
+        pytest.skip("shared benchmark data not found")
+    assert main(["train-router", "--dataset", "2wiki-dev1000", "--out", str(tmp_path / "r")]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err == ("metarag: error: 2wiki-dev1000 is an evaluation set: a router is trained only on training "
+                   "splits (demo, hotpotqa-train100, musique-train100, or a file of your own training questions)")
+    assert not (tmp_path / "r").exists()

@@ -152,6 +152,30 @@ def build_parser() -> argparse.ArgumentParser:
     add_llm_args(tc)
     tc.set_defaults(handler=cmd_train_critic)
 
+    tr = sub.add_parser("train-router", help="train Adaptive-RAG's query-complexity router on silver labels",
+                        description="Answer training questions with the three strategies Adaptive-RAG routes to "
+                                    "(A closed-book, B standard-rag, C ircot), label each question with the cheapest "
+                                    "one that answers it correctly (else C on a multi-hop dataset, B on a single-hop "
+                                    "one), train a logistic-regression router on MiniLM question embeddings and report "
+                                    "held-out accuracy per class and the share routed to each. Training splits only. "
+                                    "Use it with: metarag eval --method adaptive-rag --set classifier=DIR")
+    tr.add_argument("--dataset", action="append", default=[], metavar="PRESET",
+                    help="a training preset (hotpotqa-train100, musique-train100, demo); repeatable")
+    tr.add_argument("--dataset-file", action="append", default=[], metavar="PATH",
+                    help="a training file of your own; repeatable (needs --allow-any if its name does not say train)")
+    tr.add_argument("--format", default=None, help="format of --dataset-file, when not detected")
+    tr.add_argument("--corpus", default=None, metavar="PATH", help="the corpus of --dataset-file, if it has none")
+    tr.add_argument("--limit", type=positive_int, default=None, help="a seeded sample of N questions per dataset")
+    tr.add_argument("--seed", type=int, default=0)
+    tr.add_argument("--out", required=True, metavar="DIR", help="where the router and its manifest go")
+    tr.add_argument("--retriever", default="bm25", choices=("bm25", "dense", "hybrid"))
+    tr.add_argument("--label", default="em", choices=("em", "f1"),
+                    help="a strategy is right on exact match (default) or token F1 >= 0.5")
+    tr.add_argument("--allow-any", action="store_true", help="allow a --dataset-file not named as a training split")
+    tr.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_llm_args(tr)
+    tr.set_defaults(handler=cmd_train_router)
+
     ta = sub.add_parser("train-agent", help="train the search agent with GRPO (TRL) on training questions",
                         description="GRPO on TRL's GRPOTrainer: the agent's own policy (search-r1 or belief-agent) "
                                     "run through the shared runner on the live model as rollouts (G per question, "
@@ -551,6 +575,22 @@ def cmd_train_agent(args: argparse.Namespace) -> int:
                        limit=args.limit, seed=args.seed)
     report = run_training(spec, llm_spec_from_args(args), args.out, settings, retriever=args.retriever,
                           allow_any=args.allow_any)
+    print(report.summary())
+    return 0
+
+
+def cmd_train_router(args: argparse.Namespace) -> int:
+    from metarag.evaluate.harness import DatasetSpec
+    from metarag.train.router import RouterTrainSettings, run_router_training
+
+    specs = [DatasetSpec(preset=p, limit=args.limit, seed=args.seed) for p in args.dataset]
+    specs += [DatasetSpec(file=f, format=args.format, corpus=args.corpus, limit=args.limit, seed=args.seed)
+              for f in args.dataset_file]
+    if not specs:
+        raise_config("give at least one --dataset PRESET or --dataset-file PATH")
+    report = run_router_training(specs, args.out, llm_spec=llm_spec_from_args(args), retriever=args.retriever,
+                                 train=RouterTrainSettings(label=args.label), allow_any=args.allow_any,
+                                 progress=not args.quiet)
     print(report.summary())
     return 0
 

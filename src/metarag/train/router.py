@@ -294,6 +294,15 @@ def load_router(path: str | Path, encoder: TextEncoder | None = None) -> Trained
 
 
 # ----------------------------------------------------------------------------------- the command
+def check_router_split(dataset: Any, allow_any: bool = False) -> None:
+    """SIM-RAG's rule (`train.critic.check_training_split`): training presets and files named as training
+    splits only, any other file with `allow_any`; its refusal, worded for a router."""
+    try:
+        check_training_split(dataset, allow_any)
+    except ConfigError as exc:
+        raise ConfigError(str(exc).replace("a critic", "a router")) from None
+
+
 def run_router_training(datasets: Sequence[DatasetSpec], out_dir: str | Path, *, llm_spec: LLMSpec | None = None,
                         retriever: str = "bm25", train: RouterTrainSettings = RouterTrainSettings(),
                         allow_any: bool = False, progress: bool = True, llm: LLM | None = None,
@@ -319,7 +328,7 @@ def run_router_training(datasets: Sequence[DatasetSpec], out_dir: str | Path, *,
     check_spec(llm_spec)
     loaded = [load_questions(spec) for spec in datasets]
     for dataset in loaded:
-        check_training_split(dataset, allow_any)
+        check_router_split(dataset, allow_any)
         if not dataset.passages:
             raise ConfigError(f"{dataset.name} has no passages to retrieve from: give it a corpus")
     import_sklearn()  # fail on a missing `train` extra now, not after the strategies ran
