@@ -187,7 +187,7 @@ def test_reflexion_on_two_demo_questions(tmp_path):
     retriever = open_bm25(load_corpus(demo_file("hotpotqa_train100_corpus.jsonl")), tmp_path / "index")
     llm = LlamaCppLLM(LlamaCppSettings(embedded="qwen2.5-coder-1.5b-instruct", n_ctx=4096, n_threads=1))
     # a small run: two trials of at most two steps, short replies
-    method = Reflexion(ReflexionSettings(trials=2, k=2, max_steps=2, step_max_tokens=48, reflect_max_tokens=48))
+    method = Reflexion(ReflexionSettings(trials=2, k=1, max_steps=2, step_max_tokens=40, reflect_max_tokens=32))
     for question in questions:
         trace = run(method, question, Runtime(llm, retriever))
         assert trace.error is None and isinstance(trace.steps[-1], Answer)
