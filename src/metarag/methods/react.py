@@ -1,5 +1,5 @@
-"""ReAct (Yao et al., 2023, "ReAct: Synergizing reasoning and acting in language models", §3 and
-Appendix; the HotpotQA setup of their code, ysymyth/ReAct hotpotqa.ipynb): Thought / Action /
+"""ReAct (Yao et al., 2023, "ReAct: Synergizing reasoning and acting in language models", §3;
+the HotpotQA setup of their code, ysymyth/ReAct hotpotqa.ipynb): Thought / Action /
 Observation steps over our retriever, as a policy over the shared runner loop.
 
 One question:
@@ -27,7 +27,7 @@ One question:
 3. At most `max_steps` steps (7: the paper's HotpotQA budget, `range(1, 8)` in the code). At the
    limit ReAct's code calls `finish[]`, so the answer is empty (the question scores 0); that is the
    default, `at_step_limit="empty"`. `at_step_limit="finish"` asks the model once more, continuing
-   "Action n: Finish[", for a best guess (the paper's ReAct → CoT-SC fallback is a separate method).
+   "Action n: Finish[", for a best guess (the paper's ReAct → CoT-SC fallback is not implemented).
    The same holds when the transcript would outgrow the context (`max_prompt_tokens`).
 
 Every step records a `react-step` Decide step: "search", "lookup", "finish", "malformed" (the
@@ -105,11 +105,11 @@ STOP = ("Observation", "\nQuestion:")
 class ReActSettings:
     """ReAct settings (Yao et al., 2023, HotpotQA).
 
-    max_steps = 7 (the paper's HotpotQA budget: "we set ... at most 7 steps", the code's
-    `range(1, 8)`). k = 3 passages per Search: the paper's observation is one page's first five
-    sentences (~100 tokens); three HotpotQA paragraphs are ~300, so seven observations stay inside a
-    4,096-token context. step_max_tokens = 100 (the code's max_tokens). `at_step_limit`: "empty" (the
-    code's `finish[]`: no answer) or "finish" (one more request continuing "Finish[", for a best
+    max_steps = 7 (the paper's HotpotQA budget, §3; its code's `for i in range(1, 8)`). k = 3
+    passages per Search: the paper's observation is one page's first five sentences (~100 tokens);
+    three HotpotQA paragraphs are ~300, so seven observations stay inside a 4,096-token context.
+    step_max_tokens = 100 (the code's max_tokens). `at_step_limit`: "empty" (the code's `finish[]`:
+    no answer) or "finish" (one more request continuing "Finish[", for a best
     guess; finish_max_tokens bounds it). `max_prompt_tokens`: the run halts ("context-limit") when
     the next prompt would pass it, estimated from the last request's measured prompt and output
     tokens plus the new observation (whitespace words × 3/2), 0 for no check; 3,896 as Reflexion's
