@@ -23,7 +23,7 @@ from metarag.llm.scripted import ScriptedLLM, ScriptedTokens
 from metarag.methods.actions import Ask, Note, Probe, Search
 from metarag.methods.fixed_point import FixedPoint, LoopState
 from metarag.methods.registry import build_method, method_settings
-from metarag.methods.runner import Runtime, Sampling, run
+from metarag.methods.runner import Runtime, Sampling, run, run_many
 from metarag.methods.search_agent import (
     FORCE_PREFIX,
     INVALID_NOTE,
@@ -340,3 +340,17 @@ def test_each_agent_on_two_demo_questions_with_the_real_model(method, tmp_path):
         assert trace.usage.retrieval_calls == [d.choice for d in steps].count("search")
         if steps[-1].choice == "answer":
             assert trace.answer
+
+
+def test_questions_in_flight_keep_their_own_episodes(corpus):
+    # run_many steps both questions in lockstep through one method: each keeps its own transcript/memory
+    other = Question("q2", "Where is the Statue of Liberty?", ("Liberty Island",))
+    for name in ("search-r1", "belief-agent"):
+        def llm():
+            return ScriptedLLM([("no searches (are )?left", FORCED), ("Statue", ["<search> Statue </search>",
+                                "<answer> Liberty Island </answer>"]), ("(?i)question", [SEARCH, ANSWER])])
+        method = build_method(name)
+        together = run_many(method, [Q, other], Runtime(llm(), MemoryRetriever(corpus)))
+        alone = [run(method, q, Runtime(llm(), MemoryRetriever(corpus))) for q in (Q, other)]
+        assert [without_latency(t) for t in together] == [without_latency(t) for t in alone]
+        assert [t.answer for t in together] == ["Dijon", "Liberty Island"]
