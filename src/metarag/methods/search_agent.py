@@ -139,8 +139,10 @@ def random_candidate(seed: int, question_id: str, step: int) -> str:
 class SearchR1Settings:
     """Search-R1 as the paper runs it (Appendix D.2, §4.1).
 
-    T = 4 decision steps ("at most 4 turns"), the last forcing the answer; k = 3 passages per search
-    (top-3, as Search-R1). step_max_tokens = 512, the paper's response budget (Appendix D.1).
+    T = 4 decision steps ("at most 4 turns"), the last forcing the answer; how it is forced the paper
+    leaves open: here the last reply is started with `<answer>` (an untrained model cannot search past
+    the budget and end with no answer). k = 3 passages per search (top-3, as Search-R1).
+    step_max_tokens = 512 per step, the paper's response budget (Appendix D.1; Search-R1's is per turn).
     `probe` runs the belief probe at every step (off: the paper probes only in training).
     `stop_at_fixed_point`: the shared rule on the transcript, which cannot fire (it grows every step).
     """
