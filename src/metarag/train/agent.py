@@ -124,13 +124,15 @@ class RolloutSample:
     tokenized it), `completion_ids` (everything after), `env_mask` (1 on the tokens the model
     generated, 0 on injected ones), `logprobs` (the sampled log-prob of each generated token; NaN on
     injected tokens, which TRL only reads for vLLM's importance correction), `layout` (each decision
-    step's case: token-exact, text-continued or fresh-prompt, see `rollout_sample`)."""
+    step's case: token-exact, text-continued or fresh-prompt, see `rollout_sample`), `spans`
+    (where each step's generated ids lie in the completion: start, end)."""
 
     prompt_ids: tuple[int, ...]
     completion_ids: tuple[int, ...]
     env_mask: tuple[int, ...]
     logprobs: tuple[float, ...]
     layout: tuple[str, ...]
+    spans: tuple[tuple[int, int], ...] = ()
 
 
 def step_generations(trace: Trace) -> list[Generate]:
@@ -180,6 +182,7 @@ def rollout_sample(trace: Trace, llm: Any) -> RolloutSample:
     mask: list[int] = []
     logprobs: list[float] = []
     layout: list[str] = []
+    spans: list[tuple[int, int]] = []
     for k, g in enumerate(generations):
         if k == 0:
             layout.append(TOKEN_EXACT)
@@ -199,13 +202,15 @@ def rollout_sample(trace: Trace, llm: Any) -> RolloutSample:
             logprobs += [math.nan] * len(added)
             sequence += added
         ids, lps = generated(g)
+        spans.append((len(completion), len(completion) + len(ids)))
         completion += ids
         mask += [1] * len(ids)
         logprobs += lps
         sequence += ids
     if not completion:  # an empty first generation that ended the trace
         completion, mask, logprobs = [eos], [0], [math.nan]
-    return RolloutSample(tuple(prompt), tuple(completion), tuple(mask), tuple(logprobs), tuple(layout))
+    return RolloutSample(tuple(prompt), tuple(completion), tuple(mask), tuple(logprobs), tuple(layout),
+                         tuple(spans))
 
 
 def _tokenize_piece(llm: Any, text: str) -> list[int]:
@@ -385,12 +390,14 @@ def _import_trl():
 
 def train_agent(questions: Sequence[Question], retriever: Any, model: Any, tokenizer: Any, out_dir: str | Path,
                 settings: AgentTrainSettings = AgentTrainSettings(), *, provenance: dict[str, Any] | None = None,
-                reward_settings: Any = None, callbacks: Sequence[Any] = ()) -> TrainReport:
+                reward_settings: Any = None, callbacks: Sequence[Any] = (),
+                rollouts: AgentRollouts | None = None) -> TrainReport:
     """GRPO-train `model` (a transformers causal LM, with `tokenizer`) as the agent `settings.method`
     on `questions`, retrieving from `retriever`. Checkpoints go to `out_dir/trainer/checkpoint-N`
     (TRL's: adapter or weights, optimizer, RNG; plus `merged/`, a full model folder, and the
     manifest); a run whose folder holds a checkpoint resumes from the last one. `provenance`
-    (base model and data sha256 ...) goes into every manifest."""
+    (base model and data sha256 ...) goes into every manifest. `rollouts` replaces the rollout
+    function built from the arguments (tests read its `last`)."""
     import os
 
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
@@ -418,8 +425,9 @@ def train_agent(questions: Sequence[Question], retriever: Any, model: Any, token
     _check_resumable(out, manifest_base)
     (out / "settings.json").write_text(json.dumps(manifest_base, indent=2, default=str) + "\n")
 
-    rollouts = AgentRollouts(questions, retriever, settings, reward_settings,
-                             identity=f"train-agent:{(provenance or {}).get('base_model_sha256', '')[:16]}")
+    base_sha = str((provenance or {}).get("base_model_sha256") or "")
+    rollouts = rollouts if rollouts is not None else AgentRollouts(
+        questions, retriever, settings, reward_settings, identity=f"train-agent:{base_sha[:16]}")
     batch = settings.group_size * settings.questions_per_step
     config = trl.GRPOConfig(
         output_dir=str(out / TRAINER_DIR), learning_rate=settings.learning_rate, beta=settings.kl_coef,

@@ -1,0 +1,266 @@
+"""`metarag train-agent`: the rollout layout (token ids line up with the trace, env_mask 0 exactly on
+injected tokens), the rollouts (the agent's own policy through run_many on the live model, G that
+differ by seed), TRL's GRPO run end to end on a tiny Qwen2 built from a config (rewards reach the
+trainer unchanged, every component logged, a checkpoint with its manifest, resume after an
+interruption), the checkpoint evaluated with `eval --llm hf:CHECKPOINT`, the refusal of evaluation
+splits, and the curves."""
+import importlib.util
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+
+from metarag.errors import ConfigError
+from metarag.llm.scripted import ScriptedLLM
+from metarag.methods.registry import build_method
+from metarag.methods.runner import Runtime, Sampling, run_many
+from metarag.methods.search_agent import INFORMATION_BLOCK, format_information
+from metarag.records import Passage, Question, Retrieve
+from metarag.retrieve.memory import MemoryRetriever
+from metarag.train.agent import (
+    FRESH_PROMPT,
+    MANIFEST,
+    MERGED,
+    TEXT_CONTINUED,
+    TOKEN_EXACT,
+    AgentRollouts,
+    AgentTrainSettings,
+    check_training_split,
+    plot_curves,
+    read_log,
+    rollout_sample,
+    step_generations,
+)
+
+HEAVY = ("torch", "transformers", "trl", "peft")
+needs_trl = pytest.mark.skipif(any(importlib.util.find_spec(m) is None for m in HEAVY),
+                               reason="needs pip install 'metarag[hf,train]'")
+
+QUESTIONS = [Question("q1", "What is the capital of France?", ("Paris",)),
+             Question("q2", "Where was Gustave Eiffel born?", ("Dijon",)),
+             Question("q3", "Is Lyon a city in France?", ("Yes",))]
+PASSAGES = [Passage("p1", "France", "The capital of France is Paris."),
+            Passage("p2", "Eiffel", "Gustave Eiffel was born in Dijon."),
+            Passage("p3", "Lyon", "Lyon is a city in France.")]
+# small budgets so that a training step of the tiny model takes a second or two
+TINY = dict(group_size=2, max_turns=2, step_max_tokens=5, top_k=1, save_every=1, steps=1, lora_r=4)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    torch = pytest.importorskip("torch")
+    torch.set_num_threads(1)  # the machine's cores are shared: one thread is the fastest here
+    from tiny_hf import tiny_model_and_tokenizer
+
+    return tiny_model_and_tokenizer()
+
+
+# ---------------------------------------------------------------------------- layout, scripted
+def test_search_r1_sequence_masks_exactly_the_information_block():
+    llm = ScriptedLLM([(r"<information>Doc 1", "<think> found it </think> <answer> Paris </answer>"),
+                       (r"Question:", "<think> need facts </think> <search> capital France </search>")])
+    method = build_method("search-r1", {"k": 1, "probe": True})
+    runtime = Runtime(llm=llm, retriever=MemoryRetriever(PASSAGES), sampling=Sampling(seed=3))
+    trace = run_many(method, [QUESTIONS[0]], runtime, seeds=[3])[0]
+    assert trace.error is None and trace.answer == "Paris"
+    sample = rollout_sample(trace, llm)
+    generations = step_generations(trace)
+    assert len(generations) == 2 and sample.layout[0] == TOKEN_EXACT
+    # the prompt is step 0's prompt as the back-end tokenized it
+    assert list(sample.prompt_ids) == llm.tokenize(llm.render(generations[0].prompt))
+    # mask 1 exactly on the generated ids, in order, with their sampled log-probs
+    generated = [t.id for g in generations for t in g.logprobs]
+    assert [i for i, m in zip(sample.completion_ids, sample.env_mask) if m] == generated
+    assert [lp for lp, m in zip(sample.logprobs, sample.env_mask) if m] == [t.logprob for g in generations
+                                                                            for t in g.logprobs]
+    assert all(math.isnan(lp) for lp, m in zip(sample.logprobs, sample.env_mask) if not m)
+    assert [sample.env_mask[a:b] for a, b in sample.spans] == [(1,) * len(g.logprobs) for g in generations]
+    # mask 0 exactly on the injected <information> block, which is what step 1's prompt adds
+    hits = next(s for s in trace.steps if isinstance(s, Retrieve)).hits
+    injected = llm.detokenize([i for i, m in zip(sample.completion_ids, sample.env_mask) if not m])
+    assert injected == INFORMATION_BLOCK.format(passages=format_information(hits))
+    assert "Paris" in injected and sample.layout[1] in (TOKEN_EXACT, TEXT_CONTINUED)
+    # the whole sequence reads as step 1's context followed by its output
+    full = llm.detokenize(sample.prompt_ids + sample.completion_ids)
+    assert full == llm.render(generations[1].prompt) + llm.detokenize([t.id for t in generations[1].logprobs])
+
+
+def test_belief_agent_rebuilt_prompt_is_masked_as_a_fresh_prompt():
+    llm = ScriptedLLM([(r"History:", "<think> ok </think> <answer> Paris </answer>"),
+                       (r"Your question", "<think> need </think> <search> capital France </search>")])
+    method = build_method("belief-agent", {"k": 1, "probe": True, "candidates": "search"})
+    runtime = Runtime(llm=llm, retriever=MemoryRetriever(PASSAGES), sampling=Sampling(seed=1))
+    trace = run_many(method, [QUESTIONS[0]], runtime, seeds=[1])[0]
+    sample = rollout_sample(trace, llm)
+    generations = step_generations(trace)
+    assert sample.layout == (TOKEN_EXACT, FRESH_PROMPT)
+    start, _ = sample.spans[1]
+    rebuilt = llm.tokenize(llm.render(generations[1].prompt))
+    assert list(sample.completion_ids[start - len(rebuilt):start]) == rebuilt
+    assert set(sample.env_mask[start - len(rebuilt):start]) == {0}
+
+
+# ---------------------------------------------------------------------------- rollouts, tiny model
+@needs_trl
+def test_rollouts_run_the_agent_on_the_live_model_and_line_up(tiny):
+    import torch
+
+    model, tokenizer = tiny
+    settings = AgentTrainSettings(method="search-r1", reward="search-r1", **{**TINY, "group_size": 3})
+    rollouts = AgentRollouts(QUESTIONS, MemoryRetriever(PASSAGES), settings)
+    out = rollouts.run([QUESTIONS[0].text] * 3, model, tokenizer, step=0)
+    traces, samples = rollouts.last["traces"], rollouts.last["samples"]
+    assert len(out["completion_ids"]) == 3 and all(t.method == "search-r1" for t in traces)
+    assert len({t.steps[2].text for t in traces}) > 1  # G rollouts differ by seed (step 0's generation)
+    again = AgentRollouts(QUESTIONS, MemoryRetriever(PASSAGES), settings).run([QUESTIONS[0].text] * 3, model,
+                                                                             tokenizer, step=0)
+    assert again["completion_ids"] == out["completion_ids"]  # the same seeds draw the same rollouts
+    assert all(any(s.purpose == "belief-probe" for s in t.steps if hasattr(s, "purpose")) for t in traces)
+    # the trainer's forward pass over the sequence gives the sampled log-probs on every token-exact step
+    for sample in samples:
+        ids = torch.tensor([sample.prompt_ids + sample.completion_ids])
+        with torch.no_grad():
+            logp = torch.log_softmax(model(input_ids=ids).logits[0].float(), -1)
+        n = len(sample.prompt_ids)
+        for case, (a, b) in zip(sample.layout, sample.spans):
+            if case != TOKEN_EXACT:
+                continue
+            for j in range(a, b):
+                assert logp[n + j - 1, sample.completion_ids[j]].item() == pytest.approx(sample.logprobs[j],
+                                                                                        abs=1e-3)
+        assert sum(sample.env_mask) == sum(b - a for a, b in sample.spans)
+    assert out["env_mask"] == [list(s.env_mask) for s in samples]
+
+
+# ----------------------------------------------------------------------------- training, tiny model
+@needs_trl
+def test_training_end_to_end_checkpoint_resume_and_eval(tiny, tmp_path, monkeypatch):
+    import copy
+
+    import trl
+
+    from metarag.cli import main
+    from metarag.settings import content_sha256
+    from metarag.train.agent import train_agent
+
+    base, tokenizer = tiny
+    seen = []  # the masks TRL's loss multiplies in: our env_mask arrives as its tool_mask
+    compute_loss = trl.GRPOTrainer._compute_loss
+
+    def spy(self, model, inputs):
+        seen.append((inputs["completion_mask"] * inputs["tool_mask"]).tolist())
+        return compute_loss(self, model, inputs)
+
+    monkeypatch.setattr(trl.GRPOTrainer, "_compute_loss", spy)
+    settings = AgentTrainSettings(method="search-r1", reward="belief", **TINY)
+    rollouts = AgentRollouts(QUESTIONS, MemoryRetriever(PASSAGES), settings)
+    out = tmp_path / "run"
+    provenance = {"base_model_sha256": "tiny-sha", "data_sha256": "data-sha"}
+    # LoRA is injected into the model it wraps: each run gets its own copy, as a fresh load would be
+    report = train_agent(QUESTIONS, MemoryRetriever(PASSAGES), copy.deepcopy(base), tokenizer, out, settings,
+                         provenance=provenance, rollouts=rollouts)
+    assert report.steps == 1
+    step1 = rollouts.last
+    # the loss sees exactly our masks: 0 on every injected token, 1 on every generated one
+    rows = [row for batch in seen for row in batch]  # TRL shuffles the rows of a generation batch
+    masks = [list(sample.env_mask) for sample in step1["samples"]]
+    assert sorted(row[:len(row) - row[::-1].index(1)] if 1 in row else [] for row in rows) == \
+        sorted(m[:len(m) - m[::-1].index(1)] if 1 in m else [] for m in masks)
+    assert sum(map(sum, rows)) == sum(map(sum, masks))
+    log = read_log(out)
+    assert [r["step"] for r in log] == [1]
+    # the rewards reach the trainer unchanged, each part logged
+    totals = [r.total for r in step1["rewards"]]
+    assert log[0]["rewards/reward/mean"] == pytest.approx(sum(totals) / len(totals), abs=1e-6)
+    assert log[0]["rewards/outcome/mean"] == pytest.approx(sum(r.outcome for r in step1["rewards"]) / 2, abs=1e-6)
+    assert log[0]["rewards/penalty/mean"] == pytest.approx(sum(r.penalty for r in step1["rewards"]) / 2, abs=1e-6)
+    assert {"rewards/consistency/mean", "searches", "invalid_actions", "kl"} <= set(log[0])
+    # the checkpoint: TRL's files, the merged model, the manifest
+    checkpoint = out / "trainer" / "checkpoint-1"
+    manifest = json.loads((checkpoint / MANIFEST).read_text())
+    assert manifest["steps"] == 1 and manifest["base_model_sha256"] == "tiny-sha"
+    assert manifest["data_sha256"] == "data-sha" and manifest["reward"] == "belief"
+    assert manifest["reward_settings"]["consistency_weight"] == 0.1 and "git_commit" in manifest
+    assert (checkpoint / MERGED / "model.safetensors").exists() and report.checkpoint == checkpoint / MERGED
+    assert (checkpoint / "adapter" / "adapter_model.safetensors").exists()
+
+    # resume: a second run of the same folder continues at step 2, not from scratch
+    settings2 = AgentTrainSettings(method="search-r1", reward="belief", **{**TINY, "steps": 2})
+    rollouts2 = AgentRollouts(QUESTIONS, MemoryRetriever(PASSAGES), settings2)
+    report2 = train_agent(QUESTIONS, MemoryRetriever(PASSAGES), copy.deepcopy(base), tokenizer, out, settings2,
+                          provenance=provenance, rollouts=rollouts2)
+    assert report2.steps == 2 and rollouts2.last["step"] == 1  # only step 2 (global step 1 -> 2) was rolled out
+    assert [r["step"] for r in read_log(out)] == [1, 2]
+    state = json.loads((out / "trainer" / "checkpoint-2" / "trainer_state.json").read_text())
+    assert state["global_step"] == 2 and [h["step"] for h in state["log_history"] if "loss" in h] == [1, 2]
+    with pytest.raises(ConfigError, match="another reward"):  # another reward in the same folder: refused
+        train_agent(QUESTIONS, MemoryRetriever(PASSAGES), copy.deepcopy(base), tokenizer, out,
+                    AgentTrainSettings(method="search-r1", reward="search-r1", **TINY), provenance=provenance)
+
+    # the checkpoint is an hf:PATH model for eval, whose run id hashes it
+    data = tmp_path / "tiny_train.json"
+    data.write_text(json.dumps([{"_id": q.id, "question": q.text, "answer": q.answers[0], "type": "bridge",
+                                 "level": "easy", "supporting_facts": [[p.title, 0]],
+                                 "context": [[x.title, [x.text]] for x in PASSAGES]}
+                                for q, p in zip(QUESTIONS, PASSAGES)]))
+    runs = tmp_path / "runs"
+    merged = report2.checkpoint
+    assert main(["eval", "--method", "search-r1", "--dataset-file", str(data), "--limit", "1", "--llm",
+                 f"hf:{merged}", "--set", "T=1", "--set", "step_max_tokens=3", "--runs-dir", str(runs),
+                 "--quiet", "--no-cache"]) == 0
+    (run,) = runs.iterdir()
+    resolved = json.loads((run / "settings.json").read_text()) if (run / "settings.json").exists() else \
+        json.loads((run / "manifest.json").read_text())
+    assert content_sha256(merged) in json.dumps(resolved)
+
+
+@needs_trl
+def test_plot_reads_the_log(tmp_path):
+    pytest.importorskip("matplotlib")
+    (tmp_path / "log.jsonl").write_text("\n".join(json.dumps(r) for r in [
+        {"step": 1, "rewards/outcome/mean": 0.2, "rewards/reward/mean": 0.21, "searches": 1.5,
+         "under_search_rate": 0.4},
+        {"step": 2, "rewards/outcome/mean": 0.4, "rewards/reward/mean": 0.43, "searches": 1.2}]) + "\n")
+    png = plot_curves(tmp_path)
+    assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+# ----------------------------------------------------------------------------- data and the command
+def test_evaluation_splits_are_refused(tmp_path):
+    for name in ("hotpotqa-train100", "musique-train100", "demo"):
+        check_training_split(name, None)
+    check_training_split("my_train", str(tmp_path / "my_train.json"))
+    with pytest.raises(ConfigError, match="evaluation set"):
+        check_training_split("hotpotqa-dev500", None)
+    with pytest.raises(ConfigError, match="not named as a training split"):
+        check_training_split("dev", str(tmp_path / "dev.json"))
+    check_training_split("dev", str(tmp_path / "dev.json"), allow_any=True)
+
+
+def test_cli_refuses_before_loading_anything(capsys):
+    from metarag.cli import main
+
+    assert main(["train-agent", "--out", "x", "--dataset", "hotpotqa-dev500"]) == 1
+    assert "evaluation set" in capsys.readouterr().err
+    assert main(["train-agent", "--out", "x", "--dataset", "demo", "--reward", "belif"]) == 1
+    assert "belief" in capsys.readouterr().err
+    assert main(["train-agent", "--out", "x", "--dataset", "demo", "--method", "react"]) == 1
+    assert "search-r1 or belief-agent" in capsys.readouterr().err
+
+
+def test_settings_are_the_papers():
+    s = AgentTrainSettings()
+    assert (s.learning_rate, s.kl_coef, s.group_size, s.max_turns, s.step_max_tokens, s.n_ctx, s.top_k,
+            s.temperature) == (1e-6, 0.001, 5, 4, 512, 4096, 3, 1.0)
+    assert s.method_overrides()["probe"] is True
+    with pytest.raises(ConfigError):
+        AgentTrainSettings(group_size=1)
+
+
+def test_import_stays_light():
+    code = ("import sys, metarag, metarag.train.agent, metarag.cli; "
+            "bad = [m for m in ('torch', 'trl', 'peft', 'transformers', 'datasets') if m in sys.modules]; "
+            "sys.exit(1 if bad else 0)")
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
