@@ -129,7 +129,9 @@ def test_each_trial_is_react_s_own_policy(corpus):
     react = run(ReAct(ReActSettings(k=2, max_steps=6)), Q, Runtime(llm, MemoryRetriever(corpus)))
     llm = ScriptedLLM([(r"Thought 1:$", SEARCH), (r"Thought 2:$", RIGHT)])
     reflexion = run(Reflexion(ReflexionSettings(evaluator="gold", k=2)), Q, Runtime(llm, MemoryRetriever(corpus)))
-    trial = [s for s in without_latency(reflexion)["steps"] if s.get("name") != "reflexion-eval"]
+    evaluation = [s for s in without_latency(reflexion)["steps"] if s.get("name") in ("reflexion-eval", "gold-em")]
+    assert [s["kind"] for s in evaluation] == ["judge", "decide"] and evaluation[0]["verdict"] == "correct"
+    trial = [s for s in without_latency(reflexion)["steps"] if s not in evaluation]
     assert trial == without_latency(react)["steps"]
 
 

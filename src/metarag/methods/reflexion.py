@@ -9,10 +9,11 @@ One question, as a policy over the shared runner loop:
 2. The evaluator labels the trial. `evaluator="self"` (default): the model's P("Yes") of the label
    pair ("Yes", "No") on "Is this answer correct and supported?" over the trial's transcript, correct
    at `threshold` or above; a probe with no mass on either label counts as incorrect (recorded).
-   `evaluator="gold"`: exact match with the question's gold answers, the paper's HotpotQA
-   evaluator (agents.py `is_correct`: EM) — oracle feedback, which a fair comparison cannot use;
-   every report row of such a run says "(oracle feedback)". A trial that halted without Finish
-   (step limit, context budget) is incorrect without asking, as in the paper's code.
+   `evaluator="gold"`: exact match with the question's gold answers (the `judges.gold.GoldMatch`
+   judge, a Judge step), the paper's HotpotQA evaluator (agents.py `is_correct`: EM) — oracle
+   feedback, which a fair comparison cannot use; every report row of such a run says "(oracle
+   feedback)". A trial that halted without Finish (step limit, context budget) is incorrect without
+   asking, as in the paper's code.
 3. Correct: its answer is final. Incorrect, with trials left: the model writes a reflection on the
    transcript (closed with "Observation n: Answer is INCORRECT", as the paper's scratchpad is),
    appended to the memory (the paper keeps every reflection for HotpotQA), and the next trial runs.
@@ -31,9 +32,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from metarag.errors import ConfigError
-from metarag.evaluate.metrics import exact_match
+from metarag.judges.gold import GoldMatch
 from metarag.llm.base import Decoding
-from metarag.methods.actions import Ask, Note, Probe
+from metarag.methods.actions import Ask, Assess, Note, Probe
 from metarag.methods.fixed_point import LoopState
 from metarag.methods.react import AT_STEP_LIMIT, REACT_SYSTEM, ReActSettings, Trial, react_trial
 from metarag.methods.runner import Policy
@@ -153,9 +154,9 @@ class Reflexion:
             yield Note("reflexion-eval", "incorrect", (*signals, ("halted", float(not trial.finished))))
             return False
         if s.evaluator == "gold":
-            score = exact_match(trial.answer, question.answers)
-            yield Note("reflexion-eval", "correct" if score else "incorrect", (*signals, ("em", score)))
-            return bool(score)
+            verdict = yield Assess(GoldMatch(), {"answer": trial.answer, "gold": question.answers})
+            yield Note("reflexion-eval", verdict.verdict, (*signals, ("em", float(verdict.score))))
+            return verdict.verdict == "correct"
         task = EVAL_TASK.format(question=question.text, transcript=trial.transcript.rstrip("\n"), answer=trial.answer)
         scores = yield Probe("self-evaluate", (Message("system", REACT_SYSTEM), Message("user", task)))
         p_yes, fallback = scores.p("Yes")
