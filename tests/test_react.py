@@ -18,7 +18,7 @@ from metarag.methods.react import INVALID, NO_MORE, ReAct, ReActSettings, _Looku
 from metarag.methods.registry import build_method
 from metarag.methods.runner import Runtime, run
 from metarag.parsing import REACT_ACTIONS, parse_react_action, split_thought_action
-from metarag.records import Decide, Generate, Hit, Passage, Question, Retrieve
+from metarag.records import Decide, Generate, Hit, Passage, Question, Retrieve, Usage
 from metarag.retrieve.memory import MemoryRetriever
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -261,3 +261,27 @@ def test_react_on_two_demo_questions(tmp_path):
         for before, after in zip(steps, steps[1:]):  # one transcript, continued
             if after.purpose == "react-step" and before.purpose == "react-step":
                 assert after.prompt[-1].content.startswith(before.prompt[-1].content)
+
+
+def test_a_fixed_point_ends_as_the_full_loop_would_at_the_step_limit(corpus, monkeypatch):
+    """The rule cannot fire on a growing transcript; were a step to repeat an earlier one's state, the
+    full loop would cycle without a Finish to the step limit: the forced finish reads the transcript
+    the cycle would end with."""
+    from metarag.methods.fixed_point import FixedPoint, LoopStates
+
+    real = LoopStates.check
+
+    def cycle_at_step_5(self, action, sampling_run):  # iteration 4 repeats iteration 1: a 3-step cycle
+        if action.iteration == 4:
+            return [Decide(Usage(), "fixed-point", "stop", {})], FixedPoint(4, 1, 1)
+        return real(self, action, sampling_run)
+
+    monkeypatch.setattr(LoopStates, "check", cycle_at_step_5)
+    llm = react_llm([SEARCH] + [f" Again.\nAction {n}: Search[Eiffel {n}]" for n in (2, 3, 4)])
+    method = ReAct(ReActSettings(k=1, max_steps=5, at_step_limit="finish"))
+    trace = run(method, Q, Runtime(llm, MemoryRetriever(corpus)))
+    assert choices(trace) == ["search"] * 4 + ["step-limit"] and trace.answer == "Dijon"
+    assert [s.name for s in trace.of_kind(Decide)].count("fixed-point") == 1
+    # the full 5 steps would end as step 2 (iteration 1) did: from the transcript step 3 started from
+    finish = llm.prompts[-1].split(f"Question: {Q.text}")[-1]
+    assert finish.count("Observation ") == 2 and finish.endswith("\nAction 3: Finish[")
