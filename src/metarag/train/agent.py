@@ -570,8 +570,22 @@ def run_training(dataset_spec: Any, llm_spec: Any, out_dir: str | Path, settings
                            "limit": dataset_spec.limit, "sample_seed": dataset_spec.seed},
                   "data_sha256": dataset.sha256, "retriever": retriever}
     search = open_retriever(dataset.passages, retriever)
-    return train_agent(dataset.questions, search, base.model, base.tokenizer, out_dir, settings,
+    return train_agent(dataset.questions, search, trainable(base.model), base.tokenizer, out_dir, settings,
                        provenance=provenance)
+
+
+def trainable(model: Any) -> Any:
+    """The model with transformers' GGUF marker removed: an embedded GGUF read through transformers is
+    dequantized to float on load, but stays flagged as quantized, which the Trainer refuses to train
+    and `save_pretrained` would record. Any other quantization is left as it is (and refused there)."""
+    quantizer = getattr(model, "hf_quantizer", None)
+    method = getattr(getattr(quantizer, "quantization_config", None), "quant_method", None)
+    if quantizer is not None and str(getattr(method, "value", method)).lower() == "gguf":
+        model.hf_quantizer = None
+        model.is_quantized = False
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+    return model
 
 
 # ---------------------------------------------------------------------------------------- plot
