@@ -1,11 +1,13 @@
 """KiRAG (Fang, Meng & Macdonald, ACL 2025, "KiRAG: Knowledge-Driven Iterative Retriever for Enhancing
 Retrieval-Augmented Generation"): knowledge-triple-guided iterative retrieval, then a reader.
 
-One question, as a policy over the shared runner loop (paper §3, public code knowledge_graph/models.py):
+One question, as a policy over the shared runner loop (the paper's three iterative steps, and its public
+code, jyfang6/kirag knowledge_graph/models.py):
 
 1. Knowledge decomposition: retrieve the top-k passages for the question and the reasoning chain so far
-   (§3.2: the question with the chain's triples); the LLM extracts <head; relation; tail> triples from
-   each passage not seen before (once per passage; the paper extracts them offline with Llama3).
+   (the question followed by the chain's triples; the public code appends only the latest step); the
+   LLM extracts <head; relation; tail> triples from each passage not seen before (once per passage; the
+   paper extracts them offline with Llama3, a cache the response cache plays here).
 2. Candidate knowledge identification: the triples of every passage retrieved so far, minus those in
    the chain, cut to the N that fit the question and the chain best.
 3. Reasoning chain construction: the LLM picks the next triple among the N candidates (the Reasoning
@@ -183,7 +185,7 @@ class KiRAG:
 
 
 def chain_query(question: str, chain: list[Triple]) -> str:
-    """The retrieval query: the question, then the chain's triples as words (KiRAG §3.2)."""
+    """The retrieval query: the question, then the chain's triples as words."""
     return " ".join([question, *(t.words for t in chain)])
 
 
