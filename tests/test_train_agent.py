@@ -250,6 +250,19 @@ def test_cli_refuses_before_loading_anything(capsys):
     assert "search-r1 or belief-agent" in capsys.readouterr().err
 
 
+@needs_trl
+def test_dry_run_prints_the_plan_without_loading_the_model(capsys, tmp_path):
+    from metarag.cli import main
+
+    assert main(["train-agent", "--out", str(tmp_path), "--dataset", "demo", "--llm", "hf:/no/such/model",
+                 "--dry-run"]) == 1
+    assert "not found" in capsys.readouterr().err
+    assert main(["train-agent", "--out", str(tmp_path), "--dataset", "demo", "--dry-run", "--steps", "400",
+                 "--set", "questions_per_step=16"]) == 0
+    plan = capsys.readouterr().out
+    assert "G=5 x 16 question(s) per step = 80 rollouts" in plan and "400 steps" in plan and "KL 0.001" in plan
+
+
 def test_settings_are_the_papers():
     s = AgentTrainSettings()
     assert (s.learning_rate, s.kl_coef, s.group_size, s.max_turns, s.step_max_tokens, s.n_ctx, s.top_k,

@@ -206,6 +206,8 @@ def build_parser() -> argparse.ArgumentParser:
     ta.add_argument("--allow-any", action="store_true", help="allow a --dataset-file not named as a training split")
     ta.add_argument("--plot", metavar="DIR", help="draw the curves of the training run in DIR (DIR/curves.png) "
                     "and exit")
+    ta.add_argument("--dry-run", action="store_true", help="check everything and print the plan (device, "
+                    "precision, LoRA, batch, folders) without loading the model")
     add_llm_args(ta)
     ta.set_defaults(handler=cmd_train_agent, llm="hf-0.5b")
 
@@ -574,8 +576,8 @@ def cmd_train_agent(args: argparse.Namespace) -> int:
     spec = DatasetSpec(preset=args.dataset, file=args.dataset_file, format=args.format, corpus=args.corpus,
                        limit=args.limit, seed=args.seed)
     report = run_training(spec, llm_spec_from_args(args), args.out, settings, retriever=args.retriever,
-                          allow_any=args.allow_any)
-    print(report.summary())
+                          allow_any=args.allow_any, dry_run=args.dry_run)
+    print(report if isinstance(report, str) else report.summary())
     return 0
 
 

@@ -545,10 +545,11 @@ def _git_commit() -> str | None:
 
 # ----------------------------------------------------------------------------------- the command
 def run_training(dataset_spec: Any, llm_spec: Any, out_dir: str | Path, settings: AgentTrainSettings, *,
-                 retriever: str = "bm25", allow_any: bool = False) -> TrainReport:
+                 retriever: str = "bm25", allow_any: bool = False, dry_run: bool = False) -> TrainReport | str:
     """`metarag train-agent`: load the training questions with their corpus (any file or preset the
     harness reads; evaluation splits refused unless `allow_any`), the base model through the
-    transformers back-end (`hf`, `hf-0.5b`, `hf:PATH`), then `train_agent`."""
+    transformers back-end (`hf`, `hf-0.5b`, `hf:PATH`), then `train_agent`. `dry_run`: check all of
+    it and return the plan (device, precision, LoRA, batch, folders) without loading the model."""
     from metarag.evaluate.harness import load_questions
     from metarag.llm.hf import HFLLM
     from metarag.llm.registry import BACKENDS, backend_settings, check_spec
@@ -564,6 +565,10 @@ def run_training(dataset_spec: Any, llm_spec: Any, out_dir: str | Path, settings
     if not dataset.passages:
         raise ConfigError(f"{dataset.name} has no passages to retrieve from: give it a corpus")
     hf_settings = dataclasses.replace(backend_settings(llm_spec), n_ctx=settings.n_ctx)
+    if dry_run:
+        if hf_settings.path and not Path(hf_settings.path).expanduser().exists():
+            raise DataError("model file or folder not found", path=hf_settings.path)
+        return training_plan(settings, llm_spec.label(), dataset, out_dir)
     base = HFLLM(hf_settings)
     provenance = {"base_model": base.identity, "base_model_sha256": base.model_sha256,
                   "data": {"name": dataset.name, "path": dataset.path, "questions": len(dataset.questions),
@@ -572,6 +577,30 @@ def run_training(dataset_spec: Any, llm_spec: Any, out_dir: str | Path, settings
     search = open_retriever(dataset.passages, retriever)
     return train_agent(dataset.questions, search, trainable(base.model), base.tokenizer, out_dir, settings,
                        provenance=provenance)
+
+
+def training_plan(settings: AgentTrainSettings, model: str, dataset: Any, out_dir: str | Path) -> str:
+    """What a run would do on this machine, in a few lines (`--dry-run`)."""
+    import torch
+
+    gpu = torch.cuda.is_available()
+    lora = (not gpu) if settings.lora is None else settings.lora
+    out = Path(out_dir).expanduser()
+    last = _last_checkpoint(out)
+    return "\n".join([
+        f"model: {model} on {'cuda (bf16)' if gpu else 'cpu (float32)'}, "
+        + (f"LoRA r={settings.lora_r}" if lora else "full fine-tuning"),
+        f"agent: {settings.method}, reward: {settings.reward}, {settings.max_turns} turns, top-{settings.top_k}, "
+        f"{settings.step_max_tokens} tokens per step, context {settings.n_ctx}",
+        f"GRPO: G={settings.group_size} x {settings.questions_per_step} question(s) per step = "
+        f"{settings.group_size * settings.questions_per_step} rollouts, lr {settings.learning_rate:g}, "
+        f"KL {settings.kl_coef:g}, loss {settings.loss_type}, {settings.steps} steps"
+        + (f", at most {settings.time_budget_s:g} s" if settings.time_budget_s else ""),
+        f"data: {dataset.name} ({len(dataset.questions)} questions, {len(dataset.passages)} passages, "
+        f"sha256 {dataset.sha256[:16]})",
+        f"out: {out / TRAINER_DIR}/checkpoint-N every {settings.save_every} steps"
+        + (f"; resumes from {last.name}" if last is not None else ""),
+    ])
 
 
 def trainable(model: Any) -> Any:
