@@ -228,8 +228,8 @@ def test_dragin_entropy_and_self_rag_prompted_on_two_demo_questions_with_the_rea
     dataset = resolve_preset("demo")
     retriever = open_bm25(list(dataset.passages))
     llm = LlamaCppLLM(LlamaCppSettings(embedded="qwen2.5-coder-1.5b-instruct", n_ctx=2048))
-    methods = (DRAGINEntropy(DRAGINSettings(generate_max_length=48, max_rounds=2, exemplars=2)),
-               SelfRAGPrompted(SelfRAGPromptedSettings(k=2, max_tokens=16)))
+    methods = (DRAGINEntropy(DRAGINSettings(generate_max_length=24, max_rounds=1, exemplars=1)),
+               SelfRAGPrompted(SelfRAGPromptedSettings(k=1, max_tokens=8)))
     for method in methods:
         for question in dataset.questions[:2]:
             trace = run(method, question, Runtime(llm, retriever))
