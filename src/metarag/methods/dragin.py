@@ -116,7 +116,7 @@ class DRAGINSettings:
     the paper ran (oneal2000/DRAGIN, config/Llama2-7b-chat/HotpotQA/DRAGIN.json):
     threshold θ = 0.8 ("hallucination_threshold"; 1.2 in the 13B configs), k = 3 passages
     ("retrieve_topk"), query_words = 35 ("retrieve_keep_top_k" with "query_formulation":
-    "real_words"), generate_max_length = 100 tokens per generation and for the whole answer
+    "real_words"; `dragin` only), generate_max_length = 100 tokens per generation and for the whole answer
     ("generate_max_length"), exemplars 3 of the config's 8 ("fewshot"; see the module docstring).
     max_rounds bounds the loop, which the code bounds only by the answer's length: 8, EvoCtx's
     round budget T (EvoCtx §4.1 aligns its baselines to T = 8), so at most 8 retrieval calls.

@@ -33,10 +33,10 @@ short-answer prompt, one per passage. The retrieval threshold, weights and score
 It is a prompted imitation of the method, not Self-RAG: the judgments come from a model never
 trained to make them.
 
-Departures, on purpose: the retrieval decision reads probabilities; the code divides the two
-tokens' log-probabilities instead (a known slip that inverts the ratio's meaning), while the paper
-(§3.3) thresholds the normalized probability. The question itself is the retrieval query and the
-instruction (the code's PopQA / TriviaQA input).
+Departures, on purpose: the retrieval decision reads probabilities, as the paper (§3.3) defines it
+and FlashRAG's reimplementation computes it; run_short_form.py divides the two tokens' log-probs as
+vLLM returns them, unexponentiated, a ratio that falls as P([Retrieval]) rises. The question itself
+is the retrieval query and the instruction (the code's PopQA / TriviaQA input).
 """
 from __future__ import annotations
 
