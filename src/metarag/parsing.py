@@ -692,29 +692,30 @@ def parse_triples(text: str) -> list[tuple[str, str, str]]:
 # line break ends a sentence too. DRAGIN's code splits with spaCy's parser, which the toolkit does not
 # ship; this rule agrees with it on the short declarative sentences of CoT answers.
 _SENTENCE_BREAK = re.compile(r"[.!?]+[\"'”’)\]]*(?=\s|$)|\n")
+_WORD_BEFORE = re.compile(r"\S*$")
+_NON_SPACE = re.compile(r"\S")
+_LOOKBACK = 32  # characters read back for the word before a period: abbreviations and list numbers are short
 
 
 def sentence_spans(text: str) -> list[tuple[int, int]]:
     """(start, end) of each sentence of `text`, in order, the whitespace around it excluded; empty
     sentences are skipped. A list number opening a line ("1.") ends none. Linear time."""
     spans: list[tuple[int, int]] = []
-    start = 0
+    start, first = 0, None  # the sentence's start and its first non-space character (found when needed)
     for match in _SENTENCE_BREAK.finditer(text):
         if text[match.start()] == ".":
-            word_start = max(text.rfind(" ", 0, match.start()), text.rfind("\n", 0, match.start())) + 1
-            word = text[word_start:match.start()].lstrip("\"'“‘(").lower()
-            numbered = word.isdigit() and _opens(text, start, word_start)  # a list number: "1. First."
-            if word in _ABBREVIATIONS or _INITIALS.fullmatch(word) or numbered:
+            word = _WORD_BEFORE.search(text, max(start, match.start() - _LOOKBACK), match.start()).group()
+            word_start = match.start() - len(word)
+            word = word.lstrip("\"'“‘(").lower()
+            if word.isdigit() and first is None:
+                found = _NON_SPACE.search(text, start)
+                first = found.start() if found else len(text)
+            if word in _ABBREVIATIONS or _INITIALS.fullmatch(word) or (word.isdigit() and word_start == first):
                 continue
         _add_span(text, start, match.end(), spans)
-        start = match.end()
+        start, first = match.end(), None
     _add_span(text, start, len(text), spans)
     return spans
-
-
-def _opens(text: str, start: int, word_start: int) -> bool:
-    """Whether the word at `word_start` opens the sentence begun at `start` (only spaces before it)."""
-    return not text[start:word_start].strip()
 
 
 def _add_span(text: str, start: int, end: int, spans: list[tuple[int, int]]) -> None:
