@@ -217,6 +217,20 @@ def test_training_end_to_end_checkpoint_resume_and_eval(tiny, tmp_path, monkeypa
 
 
 @needs_trl
+def test_time_budget_stops_and_saves(tiny, tmp_path):
+    import copy
+
+    from metarag.train.agent import train_agent
+
+    base, tokenizer = tiny
+    settings = AgentTrainSettings(method="belief-agent", reward="search-r1",
+                                  **{**TINY, "steps": 3, "save_every": 10, "time_budget_s": 0.001})
+    report = train_agent(QUESTIONS, MemoryRetriever(PASSAGES), copy.deepcopy(base), tokenizer, tmp_path, settings)
+    assert report.steps == 1 and (tmp_path / "trainer" / "checkpoint-1" / MANIFEST).exists()
+    assert report.checkpoint == tmp_path / "trainer" / "checkpoint-1" / MERGED
+
+
+@needs_trl
 def test_plot_reads_the_log(tmp_path):
     pytest.importorskip("matplotlib")
     (tmp_path / "log.jsonl").write_text("\n".join(json.dumps(r) for r in [
