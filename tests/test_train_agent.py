@@ -134,6 +134,17 @@ def test_rollouts_run_the_agent_on_the_live_model_and_line_up(tiny):
     assert out["env_mask"] == [list(s.env_mask) for s in samples]
 
 
+@needs_trl
+def test_a_step_whose_every_rollout_fails_stops_training(tiny):
+    from metarag.errors import BackendError
+
+    model, tokenizer = tiny
+    settings = AgentTrainSettings(method="search-r1", reward="search-r1", **{**TINY, "n_ctx": 64})
+    with pytest.raises(BackendError, match="every rollout of training step 0 failed.*does not fit the context"):
+        AgentRollouts(QUESTIONS, MemoryRetriever(PASSAGES), settings).run([QUESTIONS[0].text] * 2, model,
+                                                                          tokenizer, step=0)
+
+
 # ----------------------------------------------------------------------------- training, tiny model
 @needs_trl
 def test_training_end_to_end_checkpoint_resume_and_eval(tiny, tmp_path, monkeypatch):
@@ -176,7 +187,7 @@ def test_training_end_to_end_checkpoint_resume_and_eval(tiny, tmp_path, monkeypa
     assert log[0]["rewards/reward/mean"] == pytest.approx(sum(totals) / len(totals), abs=1e-6)
     assert log[0]["rewards/outcome/mean"] == pytest.approx(sum(r.outcome for r in step1["rewards"]) / 2, abs=1e-6)
     assert log[0]["rewards/penalty/mean"] == pytest.approx(sum(r.penalty for r in step1["rewards"]) / 2, abs=1e-6)
-    assert {"rewards/consistency/mean", "searches", "invalid_actions", "kl"} <= set(log[0])
+    assert {"rewards/consistency/mean", "searches", "invalid_actions", "failed_rollouts", "kl"} <= set(log[0])
     # the checkpoint: TRL's files, the merged model, the manifest
     checkpoint = out / "trainer" / "checkpoint-1"
     manifest = json.loads((checkpoint / MANIFEST).read_text())

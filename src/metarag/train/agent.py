@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from metarag.errors import ConfigError, DataError, MissingDependency, close_matches
+from metarag.errors import BackendError, ConfigError, DataError, MissingDependency, close_matches
 from metarag.records import Generate, Question, Trace
 from metarag.settings import check_ranges, setting
 
@@ -222,10 +222,10 @@ def _tokenize_piece(llm: Any, text: str) -> list[int]:
 
 
 def _eos_id(llm: Any) -> int:
-    eos = getattr(llm, "_eos", None)
-    if eos:
-        return min(eos)
-    ids = llm.tokenize("<|im_end|>") if hasattr(llm, "tokenize") else [0]
+    tokenizer = getattr(llm, "tokenizer", None)
+    if tokenizer is not None and tokenizer.eos_token_id is not None:
+        return int(tokenizer.eos_token_id)
+    ids = llm.tokenize("<|im_end|>")
     return ids[-1] if ids else 0
 
 
@@ -297,6 +297,9 @@ class AgentRollouts:
                 for r, s in zip(rollouts, seeds)})
         runtime = Runtime(llm=llm, retriever=self.retriever, sampling=Sampling(temperature=self.settings.temperature))
         traces = run_many(method, rollouts, runtime, seeds=seeds)
+        failed = [t for t in traces if t.error is not None]
+        if len(failed) == len(traces):  # nothing to learn from: the cause is the run's, not the policy's
+            raise BackendError(f"every rollout of training step {step} failed; the first: {failed[0].error}")
         samples = [rollout_sample(t, llm) for t in traces]
         rewards = [self._reward(t, q) for t, q in zip(traces, questions)]
         under = gap_rates([agent_steps(t) for t in traces if t.error is None], self.reward_settings.margin)
@@ -307,7 +310,8 @@ class AgentRollouts:
                 "env_mask": [list(s.env_mask) for s in samples],
                 "rollout_reward": rewards,
                 "rollout_layout": [s.layout for s in samples],
-                "rollout_under_search": under.under_search_rate}
+                "rollout_under_search": under.under_search_rate,
+                "rollout_failed": len(failed) / len(traces)}
 
     def _question(self, prompt: Any) -> Question:
         text = prompt if isinstance(prompt, str) else prompt[-1]["content"]
@@ -330,8 +334,9 @@ def reward_columns() -> tuple[list[Callable[..., list]], list[float]]:
     function also logs searches, invalid actions and the pooled under-search rate as metrics."""
 
     def reward(prompts, completions, rollout_reward, log_metric=None, rollout_layout=None,
-               rollout_under_search=None, **_):
+               rollout_under_search=None, rollout_failed=None, **_):
         if log_metric is not None:
+            log_metric("failed_rollouts", rollout_failed[0] if rollout_failed else 0.0)
             log_metric("searches", sum(r.searches for r in rollout_reward) / len(rollout_reward))
             log_metric("invalid_actions", sum(r.invalid_actions for r in rollout_reward) / len(rollout_reward))
             under = rollout_under_search[0] if rollout_under_search else math.nan  # one value, per row
