@@ -215,6 +215,7 @@ def test_adaptive_rag_on_two_demo_questions_with_the_real_model():
     retriever = open_bm25(list(dataset.passages))
     llm = LlamaCppLLM(LlamaCppSettings(embedded="qwen2.5-coder-1.5b-instruct", n_ctx=2048))
     method = AdaptiveRAG()
+    method.strategies["B"].settings = type(method.strategies["B"].settings)(k=2)  # small prompts: 2 cores
     method.strategies["C"].settings = type(method.strategies["C"].settings)(k=2, max_steps=2)
     for question in dataset.questions[:2]:
         trace = run(method, question, Runtime(llm, retriever))
