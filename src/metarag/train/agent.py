@@ -11,11 +11,14 @@ a mask (`rollout_sample`): the first step's prompt is the prompt; the completion
 generated token ids (env_mask 1, with their sampled log-probs) and, between them, the tokens the
 model did not generate (env_mask 0): the `<information>` blocks and notes injected into search-r1's
 growing transcript, and for belief-agent the re-built step prompts. One sequence, not one sample per
-step, because TRL's GRPO forms its groups from exactly G completions per prompt; for search-r1 the
-sequence is exactly the context the model read at every step (its transcript grows: each step's
-prompt token ids extend the sequence so far), for belief-agent a later step's output is trained
-after the whole sequence before it, which its rollout did not see (the paper's agent rebuilds the
-prompt each step; `layout/*` metrics count each step's case).
+step, because TRL's GRPO forms its groups from exactly G completions per prompt. For search-r1 the
+sequence is the text the model read at every step (its transcript grows), with the sampled ids kept;
+the ids equal the back-end's own tokenization of a later step's prompt only where re-tokenizing the
+grown transcript keeps them (Qwen's tokenizer mostly merges the token after `</search>` with the
+injected newlines, so later steps are mostly `text-continued`: the same text, a boundary token
+apart). For belief-agent a later step's output is trained after the whole sequence before it, which
+its rollout did not see (the paper's agent rebuilds the prompt each step). `layout/*` metrics count
+each step's case.
 
 The reward and its parts come from the trace (`train/rewards.py`'s registry) and are logged
 separately: the total as TRL's reward, outcome / consistency / penalty as zero-weight reward columns,
