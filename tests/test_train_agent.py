@@ -288,6 +288,22 @@ def test_dry_run_prints_the_plan_without_loading_the_model(capsys, tmp_path):
     assert "G=5 x 16 question(s) per step = 80 rollouts" in plan and "400 steps" in plan and "KL 0.001" in plan
 
 
+def test_a_gguf_read_by_transformers_is_made_trainable_other_quantizations_are_not():
+    from types import SimpleNamespace
+
+    from metarag.train.agent import trainable
+
+    def model(method):
+        quantizer = SimpleNamespace(quantization_config=SimpleNamespace(quant_method=method))
+        return SimpleNamespace(hf_quantizer=quantizer, is_quantized=True,
+                               config=SimpleNamespace(quantization_config={"quant_method": method}))
+
+    gguf = trainable(model("gguf"))
+    assert gguf.hf_quantizer is None and gguf.is_quantized is False and not hasattr(gguf.config, "quantization_config")
+    bnb = trainable(model("bitsandbytes"))
+    assert bnb.hf_quantizer is not None and bnb.is_quantized is True
+
+
 def test_settings_are_the_papers():
     s = AgentTrainSettings()
     assert (s.learning_rate, s.kl_coef, s.group_size, s.max_turns, s.step_max_tokens, s.n_ctx, s.top_k,
