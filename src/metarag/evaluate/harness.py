@@ -25,7 +25,7 @@ from metarag.evaluate.metrics import AnswerScores, score_answer, support_recall
 from metarag.evaluate.runs import QuestionResult, RunStore, describe_holder
 from metarag.llm.registry import LLMSpec, check_spec, make_llm
 from metarag.methods.registry import CLOSED_BOOK, build_method, method_revision, method_settings
-from metarag.methods.runner import Method, Runtime, run, run_many
+from metarag.methods.runner import Method, Runtime, check_needs, run, run_many
 from metarag.records import Question, Trace
 from metarag.settings import artifact_digests, settings_hash, to_plain
 
@@ -198,6 +198,7 @@ def _session(config: EvalConfig, store: RunStore, method: Method, dataset, resol
     """Build what is not given, check the back-ends, run `todo`, and record the session in the manifest."""
     llm = llm if llm is not None else make_llm(config.llm)
     check_backend(llm, "LLM")
+    check_needs(method, llm)
     reranker = None
     if retriever is None and config.method not in CLOSED_BOOK:
         from metarag.pipeline import open_retriever

@@ -96,6 +96,12 @@ class Decoding:
         return self.logprobs > 0 or self.keep_tokens
 
 
+# What a back-end can return per generated token: probabilities (`TokenLogprob.logprob`), the entropy
+# of each next-token distribution (`TokenLogprob.entropy`), attention weights and hidden states
+# (`Completion.internals`).
+CAPABILITIES = ("token_logprobs", "token_entropy", "attentions", "hidden_states")
+
+
 @runtime_checkable
 class LLM(Protocol):
     """A text generator. `identity` names back-end and weights exactly (GGUF sha256, a model
@@ -103,7 +109,9 @@ class LLM(Protocol):
     response cache and is written into every run's manifest.
 
     Optional extras a back-end may have (callers test with `hasattr`): `generate_batch(prompts,
-    decodings)` and `score_labels_batch(prompts, labels)` (one padded batch), `tokenize(text)`."""
+    decodings)` and `score_labels_batch(prompts, labels)` (one padded batch), `tokenize(text)`, and
+    `provides`, the per-token data it returns (`CAPABILITIES`), which a method's `needs` is checked
+    against before the first question (`methods.runner.check_needs`)."""
 
     identity: str
 

@@ -82,6 +82,8 @@ def _torch():
 class HFLLM:
     """The LLM protocol over a transformers causal LM and its tokenizer (with its chat template)."""
 
+    provides = frozenset({"token_logprobs", "token_entropy", "attentions", "hidden_states"})
+
     def __init__(self, settings: HFSettings = HFSettings()):
         torch, transformers = _torch()
         path, name, sha = _resolve(settings)

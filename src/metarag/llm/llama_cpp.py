@@ -57,6 +57,8 @@ class LlamaCppSettings:
 class LlamaCppLLM:
     """The LLM protocol over llama.cpp, with the GGUF's own chat template."""
 
+    provides = frozenset({"token_logprobs", "token_entropy"})
+
     def __init__(self, settings: LlamaCppSettings = LlamaCppSettings()):
         if settings.gguf:
             path = check_gguf_path(settings.gguf)

@@ -54,6 +54,8 @@ class OpenAISettings:
 class OpenAICompatLLM:
     """The LLM protocol over an OpenAI-compatible HTTP API."""
 
+    provides = frozenset({"token_logprobs"})  # top alternatives only: no full distribution, no entropy
+
     def __init__(self, settings: OpenAISettings):
         if not settings.model:
             raise ConfigError("the openai back-end needs a model name (--model NAME)")

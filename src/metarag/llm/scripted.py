@@ -87,6 +87,8 @@ class ScriptedLLM:
     """An LLM whose every answer is scripted: `rules` for generation, `label_rules` for
     `score_labels` (pattern -> {label: prob}). An unmatched prompt is a BackendError naming it."""
 
+    provides = frozenset({"token_logprobs", "token_entropy"})
+
     def __init__(self, rules: Sequence[tuple[str, Response | Sequence[Response]]] = (),
                  label_rules: Sequence[tuple[str, dict[str, float]]] = (), *,
                  default: str | None = None, name: str = "scripted"):

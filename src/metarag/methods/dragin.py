@@ -175,6 +175,8 @@ class DRAGIN:
     name = "dragin"
     revision = 1
     attention = True
+    # checked against the back-end before the first question (methods.runner.check_needs)
+    needs = {"token_entropy": NEEDS_ENTROPY.format(name="dragin"), "attentions": NEEDS_ATTENTION}
 
     def __init__(self, settings: DRAGINSettings = DRAGINSettings()):
         self.settings = settings
@@ -273,6 +275,7 @@ class DRAGINEntropy(DRAGIN):
     name = "dragin-entropy"
     revision = 1
     attention = False
+    needs = {"token_entropy": NEEDS_ENTROPY.format(name="dragin-entropy")}
 
     def later_attention(self, out: Completion, n: int) -> None:
         return None

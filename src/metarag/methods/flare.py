@@ -127,6 +127,9 @@ class FLARE:
     name = "flare"
     # Revision 2: revision 1's exemplars were HotpotQA train questions, which are also demo questions.
     revision = 2
+    # checked against the back-end before the first question (methods.runner.check_needs)
+    needs = {"token_logprobs": "flare needs per-token probabilities, which this LLM back-end does not return: use "
+                               "--llm embedded, gguf:PATH or hf"}
 
     def __init__(self, settings: FLARESettings = FLARESettings()):
         self.settings = settings

@@ -124,6 +124,18 @@ def build_named_llm(spec: str) -> LLM:
     return make_llm(spec)
 
 
+def check_needs(method: Method, llm: LLM) -> None:
+    """Refuse, before any question, a method whose per-token needs (`needs`: capability -> the one-line
+    refusal naming the ways out) the back-end cannot meet (`provides`, see `llm.base.CAPABILITIES`).
+    A back-end that does not declare `provides` is let through: the method's own check then fails."""
+    provides = getattr(llm, "provides", None)
+    if provides is None:
+        return
+    for need, refusal in getattr(method, "needs", {}).items():
+        if need not in provides:
+            raise ConfigError(f"{refusal} (the back-end: {llm.identity})")
+
+
 def run(method: Method, question: Question, runtime: Runtime,
         on_step: Callable[[Step], None] | None = None, *, seed: int | None = None) -> Trace:
     """Run `method` on `question`; never raises for a failure inside the method: the trace records
@@ -162,6 +174,7 @@ def run_many(method: Method, questions: Sequence[Question], runtime: Runtime, *,
     `runtime.sampling.seed`. `window`: at most this many policies in flight (the largest batch); a
     finished one's place goes to the next question. `on_step(i, step)` and `on_trace(i, trace)`
     report as they happen, i being the question's position."""
+    check_needs(method, runtime.llm)
     questions = list(questions)
     if seeds is not None:
         seeds = list(seeds)

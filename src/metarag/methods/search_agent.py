@@ -178,7 +178,7 @@ class BeliefAgentSettings:
     step_max_tokens: int = setting(512, ge=1)
     verify_first: bool = True
     candidates: str = "random"
-    candidate_seed: int = 0
+    candidate_seed: int = setting(0, ge=0)
     probe: bool = False
     stop_at_fixed_point: bool = True
 
