@@ -10,7 +10,6 @@ from metarag.evaluate.calibration import (
     Sample,
     balanced_accuracy,
     calibrate,
-    check_training_split,
     judge_samples,
 )
 from metarag.evaluate.harness import DatasetSpec, EvalConfig, evaluate
@@ -77,11 +76,14 @@ def test_ties_keep_the_paper_rule_and_one_class_is_said_not_guessed():
         calibrate([], "internal-sufficiency")
 
 
-def test_evaluation_splits_are_refused_unless_forced():
-    with pytest.raises(ConfigError, match="evaluation split"):
-        check_training_split("hotpotqa-dev500", forced=False)
-    check_training_split("hotpotqa-dev500", forced=True)
-    check_training_split("hotpotqa-train100", forced=False)
+def test_evaluation_splits_are_refused_unless_forced(tmp_path, capsys):
+    data = write_hotpot(tmp_path / "capitals_dev.json")
+    cfg = EvalConfig(method="metarag", dataset=DatasetSpec(file=str(data)), runs_dir=str(tmp_path / "runs"),
+                     overrides={"similarity": "token-f1", "max_iter": 1})
+    store, _ = evaluate(cfg, progress=False, llm=scripted_metarag())
+    assert main(["calibrate-judges", str(store.path)]) == 1
+    assert "is not named as a training split" in capsys.readouterr().err
+    assert main(["calibrate-judges", str(store.path), "--allow-any"]) == 0
 
 
 def test_thresholds_are_metarag_settings_with_the_paper_rule_as_default():

@@ -600,7 +600,7 @@ def cmd_train_router(args: argparse.Namespace) -> int:
 def cmd_calibrate_judges(args: argparse.Namespace) -> int:
     import json
 
-    from metarag.evaluate.calibration import JUDGES, calibrate, calibration_table, check_training_split, judge_samples
+    from metarag.evaluate.calibration import JUDGES, calibrate, calibration_table, judge_samples
     from metarag.evaluate.harness import DatasetSpec, load_questions
     from metarag.evaluate.report import load_run
 
@@ -612,11 +612,13 @@ def cmd_calibrate_judges(args: argparse.Namespace) -> int:
     if run.settings.get("method") != "metarag":
         raise_config(f"{args.run!r} is a {run.settings.get('method')!r} run; calibrate-judges reads a metarag run")
     spec = run.settings["dataset"]
-    check_training_split(spec.get("name") or spec.get("preset") or "", args.allow_any)
     preset = spec.get("preset")
     dataset = load_questions(DatasetSpec(preset, None if preset else spec.get("file"),
                                          None if preset else spec.get("format"), None if preset else spec.get("corpus"),
                                          spec.get("limit"), spec.get("seed", 0)))
+    from metarag.train.critic import check_training_split
+
+    check_training_split(dataset, args.allow_any, trained="judge thresholds are chosen")
     questions = {q.id: q for q in dataset.questions}
     closed_em = None
     if args.closed_book:

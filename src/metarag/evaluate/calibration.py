@@ -10,7 +10,7 @@ Each judge's recorded P(Yes) is compared with what the judge is asked about, kno
 The threshold kept is the one with the highest balanced accuracy (mean of the recall of both target
 classes: a judge that always says one thing scores 0.5 whatever the class balance), ties going to the
 threshold nearest 0.5, the paper's rule. Candidates are the midpoints between consecutive distinct
-scores, plus 0.5 itself.
+scores, plus 0.5 itself. The run must be over training questions (`train.critic.check_training_split`).
 """
 from __future__ import annotations
 
@@ -24,7 +24,6 @@ from metarag.records import Judge, Question, Retrieve, Trace
 JUDGES = ("internal-sufficiency", "external-sufficiency")
 SETTING = {"internal-sufficiency": "internal_threshold", "external-sufficiency": "external_threshold"}
 PAPER_RULE = 0.5
-EVAL_SPLITS = ("dev", "test")  # words in a dataset name that mark an evaluation split
 
 
 @dataclass(frozen=True)
@@ -108,14 +107,6 @@ def calibrate(samples: Sequence[Sample], judge: str) -> Calibration:
         best = PAPER_RULE
     return Calibration(judge, len(mine), positives, _yes_share(mine, PAPER_RULE), balanced_accuracy(mine, PAPER_RULE),
                        round(best, 6), _yes_share(mine, best), balanced_accuracy(mine, best), note)
-
-
-def check_training_split(name: str, forced: bool) -> None:
-    """Thresholds are chosen on training questions only: refuse a run over a dev/test split unless forced."""
-    lowered = name.lower()
-    if not forced and any(word in lowered for word in EVAL_SPLITS):
-        raise ConfigError(f"run dataset {name!r} looks like an evaluation split; calibrate thresholds on training "
-                          "questions (e.g. --dataset hotpotqa-train100), or pass --allow-any")
 
 
 def calibration_table(results: Sequence[Calibration]) -> str:

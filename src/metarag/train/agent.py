@@ -30,7 +30,6 @@ import dataclasses
 import hashlib
 import json
 import math
-import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -51,7 +50,6 @@ CURVES_FILE = "curves.png"
 # layout of a decision step inside its rollout's sequence (see `rollout_sample`)
 TOKEN_EXACT, TEXT_CONTINUED, FRESH_PROMPT = "token-exact", "text-continued", "fresh-prompt"
 LAYOUTS = (TOKEN_EXACT, TEXT_CONTINUED, FRESH_PROMPT)
-_TRAIN_WORD = re.compile(r"(?<![a-z])train")
 
 
 # ------------------------------------------------------------------------------------ settings
@@ -109,20 +107,13 @@ class AgentTrainSettings:
 
 
 def check_training_split(name: str, path: str | None, allow_any: bool = False) -> None:
-    """Refuse to train on an evaluation split (the rule of `train-critic`): a preset only if it is a
-    training preset; a file only if its name says train (`hotpotqa_train.json`), or with `allow_any`."""
-    from metarag.data.datasets import PRESETS
-    from metarag.train.critic import TRAINING_PRESETS
+    """Refuse to train on an evaluation split: `train.critic.check_training_split`'s rule, for the
+    dataset named `name` (a preset's name, or the file's as the loader names it), read from `path`."""
+    from types import SimpleNamespace
 
-    if name in TRAINING_PRESETS:
-        return
-    if name in PRESETS:
-        raise ConfigError(f"{name} is an evaluation set: the agent is trained only on training splits "
-                          f"({', '.join(sorted(TRAINING_PRESETS))}, or a file of your own training questions)")
-    if allow_any or _TRAIN_WORD.search(Path(path or name).name.lower()):
-        return
-    raise ConfigError(f"the file {path or name} is not named as a training split: rename it to say 'train' "
-                      "or pass --allow-any if it holds no evaluation questions")
+    from metarag.train.critic import check_training_split as check
+
+    check(SimpleNamespace(name=name, path=path or name), allow_any, trained="the agent is trained")
 
 
 # ------------------------------------------------------------------------------ rollout layout

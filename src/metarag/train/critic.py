@@ -71,9 +71,10 @@ PRACTICE_FILE = "practice.jsonl"
 _TRAIN_WORD = re.compile(r"(?<![a-z])train")
 
 
-def check_training_split(dataset: Dataset, allow_any: bool = False) -> None:
+def check_training_split(dataset: Dataset, allow_any: bool = False, *, trained: str = "a critic is trained") -> None:
     """Refuse to self-practice on an evaluation split, so no critic ever sees the questions it is
-    evaluated on.
+    evaluated on. The one rule of every command that learns from questions (train-critic,
+    train-router, train-agent, calibrate-judges); `trained` words the refusal for it.
 
     The rule: a preset is allowed only if it is one of TRAINING_PRESETS (hotpotqa-train100,
     musique-train100, demo); any other preset (hotpotqa-dev500, 2wiki-dev1000, bamboogle ...) is
@@ -85,13 +86,12 @@ def check_training_split(dataset: Dataset, allow_any: bool = False) -> None:
     if name in TRAINING_PRESETS:
         return
     if name in PRESETS:
-        raise ConfigError(f"{name} is an evaluation set: a critic is trained only on training splits "
+        raise ConfigError(f"{name} is an evaluation set: {trained} only on training splits "
                           f"({', '.join(sorted(TRAINING_PRESETS))}, or a file of your own training questions)")
     if allow_any or _TRAIN_WORD.search(name.lower()):
         return
-    raise ConfigError(f"the file {dataset.path} is not named as a training split: to train a critic on it, "
-                      "rename it to say 'train' (e.g. my_train.json) or pass allow_any=True "
-                      "(--allow-any) if it holds no evaluation questions")
+    raise ConfigError(f"the file {dataset.path} is not named as a training split: rename it to say 'train' "
+                      "(e.g. my_train.json) or pass allow_any=True (--allow-any) if it holds no evaluation questions")
 
 
 # ----------------------------------------------------------------------------------- self-practice

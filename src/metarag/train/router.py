@@ -297,10 +297,7 @@ def load_router(path: str | Path, encoder: TextEncoder | None = None) -> Trained
 def check_router_split(dataset: Any, allow_any: bool = False) -> None:
     """SIM-RAG's rule (`train.critic.check_training_split`): training presets and files named as training
     splits only, any other file with `allow_any`; its refusal, worded for a router."""
-    try:
-        check_training_split(dataset, allow_any)
-    except ConfigError as exc:
-        raise ConfigError(str(exc).replace("a critic", "a router")) from None
+    check_training_split(dataset, allow_any, trained="a router is trained")
 
 
 def run_router_training(datasets: Sequence[DatasetSpec], out_dir: str | Path, *, llm_spec: LLMSpec | None = None,
