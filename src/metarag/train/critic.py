@@ -447,6 +447,29 @@ def _heldout_metrics(classifier: Any, positive: int, features: np.ndarray, label
 
 
 # ----------------------------------------------------------------------------------- the command
+def training_sets(datasets: Sequence[DatasetSpec], retriever: str, llm_spec: LLMSpec | None, allow_any: bool,
+                  trained: str = "a critic is trained") -> tuple[LLMSpec, list[Dataset]]:
+    """The checks every trainer makes before any model loads (train-critic, train-router): at least one
+    dataset, a known retriever and LLM spec, every dataset a training split with passages to retrieve
+    from. Returns the LLM spec (the default when None) and the loaded datasets."""
+    from metarag.evaluate.harness import load_questions
+    from metarag.llm.registry import LLMSpec, check_spec
+    from metarag.pipeline import RETRIEVERS
+
+    if not datasets:
+        raise ConfigError("give at least one training dataset (--dataset PRESET or --dataset-file PATH)")
+    if retriever not in RETRIEVERS:
+        raise ConfigError(f"unknown retriever {retriever!r}; valid: {', '.join(RETRIEVERS)}")
+    llm_spec = llm_spec if llm_spec is not None else LLMSpec()
+    check_spec(llm_spec)
+    loaded = [load_questions(spec) for spec in datasets]
+    for dataset in loaded:
+        check_training_split(dataset, allow_any, trained=trained)
+        if not dataset.passages:
+            raise ConfigError(f"{dataset.name} has no passages to retrieve from: give it a corpus")
+    return llm_spec, loaded
+
+
 def run_training(datasets: Sequence[DatasetSpec], out_dir: str | Path, *, llm_spec: LLMSpec | None = None,
                  retriever: str = "bm25", practice: PracticeSettings = PracticeSettings(),
                  train: CriticTrainSettings = CriticTrainSettings(), allow_any: bool = False,
@@ -464,21 +487,9 @@ def run_training(datasets: Sequence[DatasetSpec], out_dir: str | Path, *, llm_sp
     """
     import sys
 
-    from metarag.evaluate.harness import EvalConfig, evaluate, failure_summary, load_questions
-    from metarag.llm.registry import LLMSpec, check_spec
-    from metarag.pipeline import RETRIEVERS
+    from metarag.evaluate.harness import EvalConfig, evaluate, failure_summary
 
-    if not datasets:
-        raise ConfigError("give at least one training dataset (--dataset PRESET or --dataset-file PATH)")
-    if retriever not in RETRIEVERS:
-        raise ConfigError(f"unknown retriever {retriever!r}; valid: {', '.join(RETRIEVERS)}")
-    llm_spec = llm_spec if llm_spec is not None else LLMSpec()
-    check_spec(llm_spec)
-    loaded = [load_questions(spec) for spec in datasets]
-    for dataset in loaded:
-        check_training_split(dataset, allow_any)
-        if not dataset.passages:
-            raise ConfigError(f"{dataset.name} has no passages to retrieve from: give it a corpus")
+    llm_spec, loaded = training_sets(datasets, retriever, llm_spec, allow_any)
     import_sklearn()  # fail on a missing `train` extra now, not after the self-practice
     encoder = encoder if encoder is not None else MiniLMFeatures()
 

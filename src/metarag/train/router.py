@@ -35,7 +35,7 @@ from metarag.evaluate.metrics import AnswerScores
 from metarag.judges.base import Verdict
 from metarag.judges.critic import MiniLMFeatures, TextEncoder, check_encoder
 from metarag.methods.adaptive_rag import ROUTES, STRATEGIES
-from metarag.train.critic import check_training_split, import_sklearn
+from metarag.train.critic import import_sklearn, training_sets
 
 if TYPE_CHECKING:
     from metarag.evaluate.harness import DatasetSpec
@@ -294,12 +294,6 @@ def load_router(path: str | Path, encoder: TextEncoder | None = None) -> Trained
 
 
 # ----------------------------------------------------------------------------------- the command
-def check_router_split(dataset: Any, allow_any: bool = False) -> None:
-    """SIM-RAG's rule (`train.critic.check_training_split`): training presets and files named as training
-    splits only, any other file with `allow_any`; its refusal, worded for a router."""
-    check_training_split(dataset, allow_any, trained="a router is trained")
-
-
 def run_router_training(datasets: Sequence[DatasetSpec], out_dir: str | Path, *, llm_spec: LLMSpec | None = None,
                         retriever: str = "bm25", train: RouterTrainSettings = RouterTrainSettings(),
                         allow_any: bool = False, progress: bool = True, llm: LLM | None = None,
@@ -313,21 +307,9 @@ def run_router_training(datasets: Sequence[DatasetSpec], out_dir: str | Path, *,
     """
     import sys
 
-    from metarag.evaluate.harness import EvalConfig, evaluate, load_questions
-    from metarag.llm.registry import LLMSpec, check_spec
-    from metarag.pipeline import RETRIEVERS
+    from metarag.evaluate.harness import EvalConfig, evaluate
 
-    if not datasets:
-        raise ConfigError("give at least one training dataset (--dataset PRESET or --dataset-file PATH)")
-    if retriever not in RETRIEVERS:
-        raise ConfigError(f"unknown retriever {retriever!r}; valid: {', '.join(RETRIEVERS)}")
-    llm_spec = llm_spec if llm_spec is not None else LLMSpec()
-    check_spec(llm_spec)
-    loaded = [load_questions(spec) for spec in datasets]
-    for dataset in loaded:
-        check_router_split(dataset, allow_any)
-        if not dataset.passages:
-            raise ConfigError(f"{dataset.name} has no passages to retrieve from: give it a corpus")
+    llm_spec, loaded = training_sets(datasets, retriever, llm_spec, allow_any, trained="a router is trained")
     import_sklearn()  # fail on a missing `train` extra now, not after the strategies ran
     out = Path(out_dir).expanduser()
     out.mkdir(parents=True, exist_ok=True)
