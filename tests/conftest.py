@@ -7,6 +7,14 @@ import pytest
 
 from metarag.records import Passage
 
+try:  # property tests check behaviour, not speed: no per-example deadline on a loaded machine
+    from hypothesis import settings as _hypothesis_settings
+
+    _hypothesis_settings.register_profile("metarag", deadline=None)
+    _hypothesis_settings.load_profile("metarag")
+except ImportError:  # hypothesis is a test extra; the modules that use it skip without it
+    pass
+
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
 

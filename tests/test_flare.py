@@ -123,6 +123,22 @@ def test_the_length_budget_ends_the_answer_and_the_answer_is_prompted(corpus):
     check_golden("length-budget", trace)
 
 
+def test_a_stop_at_an_initial_does_not_end_the_sentence_generation_goes_on(corpus):
+    # "J. " fires the stop ". " inside the sentence: the look-ahead goes on from "Henry J." with the
+    # budget left and the sentence is the whole "... Henry J. Kaiser.", not one that ends at "J."
+    script = [(START, "The tower was paid for by Henry J. Kaiser. More."),
+              (r"Henry J\.$", " Kaiser. So the answer is Henry J. Kaiser."),
+              (r"Henry J\. Kaiser\.$", " So the answer is Henry J. Kaiser."),
+              (r"So the answer is Henry J\.$", " Kaiser.")]
+    trace, llm = run_flare(script, corpus, look_ahead_tokens=20)
+    assert trace.error is None and trace.answer == "Henry J. Kaiser"
+    looks = [g for g in trace.of_kind(Generate) if g.purpose == "look-ahead"]
+    assert [g.text for g in looks] == ["The tower was paid for by Henry J", " Kaiser",
+                                       " So the answer is Henry J", " Kaiser"]
+    assert [d.signals["tokens"] for d in decisions(trace)] == [9, 7]  # each sentence's tokens, both parts
+    assert looks[1].prompt[-1].content == "The tower was paid for by Henry J."  # goes on from the mark
+
+
 # ------------------------------------------------------------------------------- other branches
 def test_question_mode_asks_a_question_per_low_span_and_merges_their_hits(corpus):
     unsure = ScriptedTokens.of((" Eiffel ", LOW), "was ", "born ", "in ", "the ", "town ", "of ", ("Lyon. ", LOW))

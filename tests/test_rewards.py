@@ -282,6 +282,7 @@ def test_belief_reward_and_its_ablations_on_one_trajectory():
     settings = RewardSettings(consistency_weight=0.4, invalid_penalty=0.0)
     assert R.belief_reward(mixed, GOLD, settings).total == pytest.approx(1.2)
     logged = full.components()
+    assert math.isnan(logged.pop("process"))  # HiPRAG's part: not this reward's
     assert logged == {"reward": full.total, "outcome": 1.0, "consistency": 0.5, "penalty": 0.01, "searches": 2.0,
                       "invalid_actions": 1.0, "under_search_rate": 0.0}
     assert math.isnan(R.search_r1_reward(mixed, GOLD).components()["consistency"])
@@ -355,8 +356,8 @@ def test_gated_reward_bounds(spec, correct, weight):
 
 def test_registry_and_settings():
     assert set(REWARDS) == {"search-r1", "belief", "belief-over-only", "belief-under-only", "belief-ungated",
-                            "beta-grpo"}
-    assert R.NEEDS_PROBE < set(REWARDS)
+                            "beta-grpo", "hiprag"}
+    assert R.NEEDS_PROBE < set(REWARDS) and R.NEEDS_STEP_JUDGES < set(REWARDS)
     with pytest.raises(ConfigError, match="unknown reward 'belif'.*did you mean belief"):
         reward_function("belif")
     with pytest.raises(ConfigError, match="margin' must be in \\[0, 1\\)"):
@@ -429,7 +430,8 @@ def test_the_agents_golden_traces_follow_the_contract(path):
     for name, reward in REWARDS.items():
         if name in R.NEEDS_PROBE and not probed:
             continue
-        assert reward(trace, (trace.answer,)).outcome == 1.0
+        verdicts = {"verdicts": ("not-judged",) * len(steps)} if name in R.NEEDS_STEP_JUDGES else {}
+        assert reward(trace, (trace.answer,), **verdicts).outcome == 1.0
 
 
 def test_every_reward_setting_declares_its_range():

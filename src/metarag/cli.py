@@ -195,13 +195,17 @@ def build_parser() -> argparse.ArgumentParser:
     ta.add_argument("--out", metavar="DIR", help="where checkpoints, the log and the manifest go")
     ta.add_argument("--method", default="belief-agent", help="the agent: belief-agent (default) or search-r1")
     ta.add_argument("--reward", default="belief", help="the reward (train/rewards.py): belief (default), search-r1, "
-                    "belief-over-only, belief-under-only, belief-ungated, beta-grpo")
+                    "belief-over-only, belief-under-only, belief-ungated, beta-grpo, hiprag (HiPRAG's process "
+                    "reward: LLM judges mark over- and under-search steps)")
     ta.add_argument("--steps", type=positive_int, default=None, help="optimizer steps (default 10)")
     ta.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
                     help="stop (and save) after this many seconds of training")
     ta.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="override a training setting (learning_rate, kl_coef, group_size, questions_per_step, "
-                         "max_turns, step_max_tokens, n_ctx, top_k, lora, save_every ...); repeatable")
+                         "max_turns, step_max_tokens, n_ctx, top_k, lora, save_every ...), a reward setting "
+                         "(consistency_weight, margin, invalid_penalty, query_confidence_threshold, format_weight, "
+                         "process_weight) or a HiPRAG judge setting (judge_model, direct_max_tokens, "
+                         "judge_max_tokens); repeatable")
     ta.add_argument("--retriever", default="bm25", choices=("bm25", "dense", "hybrid"))
     ta.add_argument("--allow-any", action="store_true", help="allow a --dataset-file not named as a training split")
     ta.add_argument("--plot", metavar="DIR", help="draw the curves of the training run in DIR (DIR/curves.png) "
@@ -566,17 +570,30 @@ def cmd_train_agent(args: argparse.Namespace) -> int:
 
     if not args.out:
         raise_config("give --out DIR (where the checkpoints go)")
+    import dataclasses
+
+    from metarag.judges.process import ProcessJudgeSettings
+    from metarag.train.rewards import RewardSettings
+
     values: dict = dict(parse_assignments(list(args.set)))
     values.update(method=args.method, reward=args.reward, seed=args.seed)
     if args.steps is not None:
         values["steps"] = args.steps
     if args.time_budget is not None:
         values["time_budget_s"] = args.time_budget
-    settings = override(AgentTrainSettings(), values, owner="train-agent")
+    # one --set for all three: a key goes to the reward's or HiPRAG's judges' settings when it is theirs
+    owned = {cls: {f.name for f in dataclasses.fields(cls)} for cls in (RewardSettings, ProcessJudgeSettings)}
+    parts = {cls: {k: v for k, v in values.items() if k in names} for cls, names in owned.items()}
+    settings = override(AgentTrainSettings(), {k: v for k, v in values.items()
+                                               if not any(k in names for names in owned.values())},
+                        owner="train-agent")
+    reward_settings = override(RewardSettings(), parts[RewardSettings], owner="train-agent reward")
+    judge_settings = override(ProcessJudgeSettings(), parts[ProcessJudgeSettings], owner="train-agent HiPRAG judges")
     spec = DatasetSpec(preset=args.dataset, file=args.dataset_file, format=args.format, corpus=args.corpus,
                        limit=args.limit, seed=args.seed)
     report = run_training(spec, llm_spec_from_args(args), args.out, settings, retriever=args.retriever,
-                          allow_any=args.allow_any, dry_run=args.dry_run)
+                          allow_any=args.allow_any, dry_run=args.dry_run, reward_settings=reward_settings,
+                          judge_settings=judge_settings if settings.reward == "hiprag" else None)
     print(report if isinstance(report, str) else report.summary())
     return 0
 

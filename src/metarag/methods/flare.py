@@ -28,9 +28,11 @@ Departures and choices the paper leaves open, on purpose:
   (the paper's notation writes it without documents); a kept sentence is not generated a second time
   (the released code asks again with the same prompt, which under greedy decoding repeats it).
 - Generation stops at the first sentence end (stop strings ". ", "? ", "! " ...) where the released
-  code decodes 64 tokens and cuts after the first sentence: the same sentence under greedy decoding,
-  except where a stop fires at an abbreviation ("Dr. "), whose text through the stop is then taken
-  as the sentence.
+  code decodes 64 tokens and cuts after the first sentence: the same sentence under greedy decoding.
+  Where a stop fires inside a sentence — at an abbreviation or an initial ("Dr. ", "Henry J. ") —
+  generation goes on from there with the budget left (`_sentence`), so the sentence is the one the
+  released code's sentencizer would cut (revision 2 took the text through such a stop as the
+  sentence, and "So the answer is Henry J." ended the answer one word short).
 - Two short exemplars from the MuSiQue train split stand in for the paper's eight 2Wiki exemplars
   (a 1.5B model's context holds five passages and little else), in the paper's "Answer: <reasoning>.
   So the answer is X." form; a chat template stands in for text-davinci-003's raw completion.
@@ -44,6 +46,7 @@ Departures and choices the paper leaves open, on purpose:
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from collections.abc import Sequence
@@ -126,7 +129,8 @@ class FLARE:
 
     name = "flare"
     # Revision 2: revision 1's exemplars were HotpotQA train questions, which are also demo questions.
-    revision = 2
+    # Revision 3: a stop that fires inside a sentence (an abbreviation, an initial) no longer ends it.
+    revision = 3
     # checked against the back-end before the first question (methods.runner.check_needs)
     needs = {"token_logprobs": "flare needs per-token probabilities, which this LLM back-end does not return: use "
                                "--llm embedded, gguf:PATH or hf"}
@@ -151,9 +155,7 @@ class FLARE:
                     break
                 states.append(list(context))
             budget = min(s.look_ahead_tokens, s.max_tokens - used)
-            look = yield Ask("look-ahead", answer_prompt(question.text, context, answer),
-                             Decoding(max_tokens=budget, stop=SENTENCE_STOPS, logprobs=1))
-            _require_tokens(look)
+            look = yield from _sentence("look-ahead", question.text, context, answer, budget)
             sentence, probs, ended = first_sentence(look)
             if not sentence.strip():
                 break
@@ -171,8 +173,7 @@ class FLARE:
                     for q in queries:
                         found.append((yield Search(q, s.k)))
                     context = merge_round_robin(found, s.k)
-                    chosen = yield Ask("regenerate", answer_prompt(question.text, context, answer),
-                                       Decoding(max_tokens=budget, stop=SENTENCE_STOPS, logprobs=1))
+                    chosen = yield from _sentence("regenerate", question.text, context, answer, budget)
                     sentence, probs, ended = first_sentence(chosen)
             choice = "retrieve" if chosen is not look else "keep"
             yield Note("flare-sentence", choice, (("sentence", float(index)), ("min_prob", lowest),
@@ -209,6 +210,26 @@ def answer_prompt(question: str, context: Sequence[Hit], answer: str) -> tuple[M
     """The passages, the exemplars and the question; the answer so far as the assistant's open turn."""
     prompt = evidence_prompt(format_passages(context), ANSWER_TASK.format(question=question))
     return prompt + (Message("assistant", answer),) if answer else prompt
+
+
+def _sentence(purpose: str, question: str, context: Sequence[Hit], answer: str, budget: int) -> Policy:
+    """Ask for the next sentence of the answer, within `budget` tokens. When a sentence stop fired
+    where no sentence ends (an abbreviation or an initial: "Henry J. "), ask again from the answer
+    through that stop, with the budget left, and join the two outputs (their tokens' offsets shifted
+    into one text), until a real sentence end or the budget is spent. Returns one Completion."""
+    out = yield Ask(purpose, answer_prompt(question, context, answer),
+                    Decoding(max_tokens=budget, stop=SENTENCE_STOPS, logprobs=1))
+    _require_tokens(out)
+    while (out.finish_reason == "stop" and out.stop in SENTENCE_STOPS[1:]
+           and sentence_end(out.text + out.stop) is None and budget - len(out.tokens or ()) > 0):
+        head = out.text + out.stop.rstrip()  # the open turn ends at the mark: the model writes the space
+        more = yield Ask(purpose, answer_prompt(question, context, answer + head),
+                         Decoding(max_tokens=budget - len(out.tokens or ()), stop=SENTENCE_STOPS, logprobs=1))
+        _require_tokens(more)
+        tokens = tuple(out.tokens or ()) + tuple(dataclasses.replace(t, offset=t.offset + len(head))
+                                                 for t in more.tokens or ())
+        out = dataclasses.replace(more, text=head + more.text, tokens=tokens)
+    return out
 
 
 def _require_tokens(completion: Completion) -> None:

@@ -255,7 +255,8 @@ class AgentRollouts:
     read by the reward columns). `last` keeps the step's traces, samples and rewards (tests, logs)."""
 
     def __init__(self, questions: Sequence[Question], retriever: Any, settings: AgentTrainSettings,
-                 reward_settings: Any = None, identity: str = "train-agent"):
+                 reward_settings: Any = None, identity: str = "train-agent", judge_settings: Any = None):
+        from metarag.judges.process import ProcessJudgeSettings
         from metarag.methods.registry import build_method, method_settings
         from metarag.train.rewards import RewardSettings, reward_function
 
@@ -263,6 +264,7 @@ class AgentRollouts:
         self.retriever = retriever
         self.reward_fn = reward_function(settings.reward)
         self.reward_settings = reward_settings if reward_settings is not None else RewardSettings()
+        self.judge_settings = judge_settings if judge_settings is not None else ProcessJudgeSettings()
         self.identity = identity
         self.by_text: dict[str, Question] = {}
         for q in questions:
@@ -300,9 +302,11 @@ class AgentRollouts:
         if len(failed) == len(traces):  # nothing to learn from: the cause is the run's, not the policy's
             raise BackendError(f"every rollout of training step {step} failed; the first: {failed[0].error}")
         samples = [rollout_sample(t, llm) for t in traces]
-        rewards = [self._reward(t, q) for t, q in zip(traces, questions)]
+        verdicts = self._step_verdicts(traces, questions, llm)
+        rewards = [self._reward(t, q, v) for t, q, v in zip(traces, questions, verdicts)]
         under = gap_rates([agent_steps(t) for t in traces if t.error is None], self.reward_settings.margin)
-        self.last = {"step": step, "traces": traces, "samples": samples, "rewards": rewards, "questions": questions}
+        self.last = {"step": step, "traces": traces, "samples": samples, "rewards": rewards, "questions": questions,
+                     "verdicts": verdicts}
         return {"prompt_ids": [list(s.prompt_ids) for s in samples],
                 "completion_ids": [list(s.completion_ids) for s in samples],
                 "logprobs": [list(s.logprobs) for s in samples],
@@ -319,11 +323,37 @@ class AgentRollouts:
         except KeyError:
             raise DataError(f"the trainer sent a prompt that is no training question: {str(text)[:80]!r}") from None
 
-    def _reward(self, trace: Trace, question: Question) -> Any:
-        from metarag.train.rewards import Reward
+    def _step_verdicts(self, traces: Sequence[Trace], questions: Sequence[Question], llm: Any) -> list[Any]:
+        """HiPRAG's step verdicts for a reward that reads them (None per rollout otherwise): the
+        process judges run through `run_many`, greedy, on the live model (the direct answers; and
+        the judge, unless `judge_model` names another), over the correct well-formed rollouts only."""
+        from metarag.judges.process import ProcessAudit, step_inputs, step_verdicts
+        from metarag.methods.runner import Runtime, run_many
+        from metarag.train.rewards import NEEDS_STEP_JUDGES, hiprag_needs_judging
+
+        out: list[Any] = [None] * len(traces)
+        if self.settings.reward not in NEEDS_STEP_JUDGES:
+            return out
+        inputs: dict[str, Any] = {}
+        for i, (t, q) in enumerate(zip(traces, questions)):
+            if t.error is None and hiprag_needs_judging(t, q.answers):
+                inputs[f"{q.id}#rollout{i}"] = step_inputs(t)
+        if not inputs:
+            return out
+        audits = run_many(ProcessAudit(inputs, self.judge_settings),
+                          [Question(key, traces[int(key.rsplit("#rollout", 1)[1])].question) for key in inputs],
+                          Runtime(llm=llm))
+        for key, audit in zip(inputs, audits):
+            out[int(key.rsplit("#rollout", 1)[1])] = step_verdicts(inputs[key], audit)
+        return out
+
+    def _reward(self, trace: Trace, question: Question, verdicts: Any = None) -> Any:
+        from metarag.train.rewards import NEEDS_STEP_JUDGES, Reward
 
         if trace.error is not None:  # a failed rollout scores 0, as a failed question does in evaluation
             return Reward(0.0, 0.0)
+        if self.settings.reward in NEEDS_STEP_JUDGES:
+            return self.reward_fn(trace, question.answers, self.reward_settings, verdicts=verdicts)
         return self.reward_fn(trace, question.answers, self.reward_settings)
 
 
@@ -356,7 +386,10 @@ def reward_columns() -> tuple[list[Callable[..., list]], list[float]]:
     def penalty(prompts, completions, rollout_reward, **_):
         return [float(r.penalty) for r in rollout_reward]
 
-    return [reward, outcome, consistency, penalty], [1.0, 0.0, 0.0, 0.0]
+    def process(prompts, completions, rollout_reward, **_):  # HiPRAG's N_corr/N, where judged
+        return [None if r.process is None else float(r.process) for r in rollout_reward]
+
+    return [reward, outcome, consistency, penalty, process], [1.0, 0.0, 0.0, 0.0, 0.0]
 
 
 # ------------------------------------------------------------------------------------ training
@@ -395,13 +428,14 @@ def _import_trl():
 def train_agent(questions: Sequence[Question], retriever: Any, model: Any, tokenizer: Any, out_dir: str | Path,
                 settings: AgentTrainSettings = AgentTrainSettings(), *, provenance: dict[str, Any] | None = None,
                 reward_settings: Any = None, callbacks: Sequence[Any] = (),
-                rollouts: AgentRollouts | None = None) -> TrainReport:
+                rollouts: AgentRollouts | None = None, judge_settings: Any = None) -> TrainReport:
     """GRPO-train `model` (a transformers causal LM, with `tokenizer`) as the agent `settings.method`
     on `questions`, retrieving from `retriever`. Checkpoints go to `out_dir/trainer/checkpoint-N`
     (TRL's: adapter or weights, optimizer, RNG; plus `merged/`, a full model folder, and the
     manifest); a run whose folder holds a checkpoint resumes from the last one. `provenance`
     (base model and data sha256 ...) goes into every manifest. `rollouts` replaces the rollout
-    function built from the arguments (tests read its `last`)."""
+    function built from the arguments (tests read its `last`). `judge_settings`: HiPRAG's process
+    judges (`judges.process.ProcessJudgeSettings`), read by `--reward hiprag` only."""
     import os
 
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
@@ -423,6 +457,7 @@ def train_agent(questions: Sequence[Question], retriever: Any, model: Any, token
         "method": settings.method, "reward": settings.reward,
         "settings": dataclasses.asdict(settings), "lora": lora,
         "reward_settings": dataclasses.asdict(reward_settings),
+        **({"judge_settings": dataclasses.asdict(judge_settings)} if judge_settings is not None else {}),
         "trl": trl.__version__, "peft": peft.__version__, "git_commit": _git_commit(),
         **(provenance or {}),
     }
@@ -431,7 +466,8 @@ def train_agent(questions: Sequence[Question], retriever: Any, model: Any, token
 
     base_sha = str((provenance or {}).get("base_model_sha256") or "")
     rollouts = rollouts if rollouts is not None else AgentRollouts(
-        questions, retriever, settings, reward_settings, identity=f"train-agent:{base_sha[:16]}")
+        questions, retriever, settings, reward_settings, identity=f"train-agent:{base_sha[:16]}",
+        judge_settings=judge_settings)
     batch = settings.group_size * settings.questions_per_step
     config = trl.GRPOConfig(
         output_dir=str(out / TRAINER_DIR), learning_rate=settings.learning_rate, beta=settings.kl_coef,
@@ -552,7 +588,8 @@ def _git_commit() -> str | None:
 
 # ----------------------------------------------------------------------------------- the command
 def run_training(dataset_spec: Any, llm_spec: Any, out_dir: str | Path, settings: AgentTrainSettings, *,
-                 retriever: str = "bm25", allow_any: bool = False, dry_run: bool = False) -> TrainReport | str:
+                 retriever: str = "bm25", allow_any: bool = False, dry_run: bool = False,
+                 reward_settings: Any = None, judge_settings: Any = None) -> TrainReport | str:
     """`metarag train-agent`: load the training questions with their corpus (any file or preset the
     harness reads; evaluation splits refused unless `allow_any`), the base model through the
     transformers back-end (`hf`, `hf-0.5b`, `hf:PATH`), then `train_agent`. `dry_run`: check all of
@@ -583,7 +620,7 @@ def run_training(dataset_spec: Any, llm_spec: Any, out_dir: str | Path, settings
                   "data_sha256": dataset.sha256, "retriever": retriever}
     search = open_retriever(dataset.passages, retriever)
     return train_agent(dataset.questions, search, trainable(base.model), base.tokenizer, out_dir, settings,
-                       provenance=provenance)
+                       provenance=provenance, reward_settings=reward_settings, judge_settings=judge_settings)
 
 
 def training_plan(settings: AgentTrainSettings, model: str, dataset: Any, out_dir: str | Path) -> str:

@@ -1,7 +1,8 @@
 """Rewards of the search agents, as pure functions of a finished trace (and its gold answers): the
 belief-action gap diagnosis and the correctness-gated consistency reward of the belief-action paper
 (Qi et al., 2026, "MetaRAG: Belief-Action Aligned Policy Optimization for Agentic RAG", §3.4, §3.5,
-Algorithm 1), its ablations, Search-R1's outcome reward and the β-GRPO baseline (Wu et al., 2025b).
+Algorithm 1), its ablations, Search-R1's outcome reward, the β-GRPO baseline (Wu et al., 2025b) and
+HiPRAG's hierarchical process reward (Wu et al., 2025a; its step judges are `judges/process.py`).
 
 The trainer and `report --analysis agent` read traces through `agent_steps`, which follows the trace
 contract of `methods/search_agent.py` (`search-r1`, `belief-agent`) exactly: per decision step t, an
@@ -247,12 +248,16 @@ class RewardSettings:
     invalid-action reward −0.01 (`invalid_penalty`, subtracted once per invalid step as verl-agent's
     invalid-action penalty is, which the paper's trainer builds on). `query_confidence_threshold` is
     β-GRPO's β (Wu et al., 2025b, §5): the method card gives no value; 0.4 is the value we recall
-    from that paper's experiments — its text is not in this library, so override it where it differs."""
+    from that paper's experiments — its text is not in this library, so override it where it differs.
+    `format_weight` λ_f = 0.2 and `process_weight` λ_p = 0.4 are HiPRAG's (Wu et al., 2025a: its
+    trainer's `structure_format_score` default and the process bonus's 0.4 in `qa_em_format.py`)."""
 
     consistency_weight: float = setting(0.1, ge=0)
     margin: float = setting(0.0, ge=0, lt=1)
     invalid_penalty: float = setting(0.01, ge=0)
     query_confidence_threshold: float = setting(0.4, ge=0, le=1)
+    format_weight: float = setting(0.2, ge=0, le=1)
+    process_weight: float = setting(0.4, ge=0)
 
     def __post_init__(self) -> None:
         check_ranges(self)
@@ -263,7 +268,9 @@ class Reward:
     """A trajectory's reward and its parts, each logged on its own by the trainer: `total`, the
     outcome (EM of the final answer), the consistency R_consist (None for rewards without one), the
     penalty taken for invalid actions, the searches made, the share of its ANSWER steps diagnosed
-    under-search (None without a probed ANSWER step) and each step's diagnosis (None: unprobed)."""
+    under-search (None without a probed ANSWER step) and each step's diagnosis (None: unprobed).
+    `process`: HiPRAG's share of clean steps N_corr/N (None for the other rewards, and for a HiPRAG
+    trajectory whose bonus is gated off, which is never judged)."""
 
     total: float
     outcome: float
@@ -273,6 +280,7 @@ class Reward:
     invalid_actions: int = 0
     under_search_rate: float | None = None
     diagnoses: tuple[str | None, ...] = ()
+    process: float | None = None
 
     def components(self) -> dict[str, float]:
         """The numbers a trainer logs, one name each (NaN where a part does not apply)."""
@@ -281,7 +289,8 @@ class Reward:
                 "consistency": nan if self.consistency is None else self.consistency,
                 "penalty": self.penalty, "searches": float(self.searches),
                 "invalid_actions": float(self.invalid_actions),
-                "under_search_rate": nan if self.under_search_rate is None else self.under_search_rate}
+                "under_search_rate": nan if self.under_search_rate is None else self.under_search_rate,
+                "process": nan if self.process is None else self.process}
 
 
 def outcome_reward(answer: str | None, golds: Sequence[str]) -> float:
@@ -398,7 +407,52 @@ def beta_grpo_reward(trace: Trace, golds: Sequence[str], settings: RewardSetting
                   diagnoses=diagnoses(steps, settings.margin))
 
 
-RewardFunction = Callable[[Trace, Sequence[str], RewardSettings], Reward]
+def format_ok(trace: Trace, steps: Sequence[AgentStep]) -> bool:
+    """HiPRAG's format term F for our agents: every decision step took a valid action and the
+    trajectory ended with an ANSWER step that gave an answer (HiPRAG checks its own XML step format;
+    a Search-R1-format trajectory's equivalent is a valid tag at every step and a final answer)."""
+    return bool(steps) and all(s.action != INVALID for s in steps) and steps[-1].action == ANSWER \
+        and bool(trace.answer)
+
+
+def hiprag_needs_judging(trace: Trace, golds: Sequence[str]) -> bool:
+    """Whether HiPRAG's process bonus applies (A·F = 1), so its steps must be judged: only a correct,
+    well-formed trajectory's are, as in HiPRAG's trainer."""
+    from metarag.evaluate.metrics import accuracy
+
+    steps = agent_steps(trace)
+    return bool(trace.answer) and accuracy(trace.answer, golds) == 1.0 and format_ok(trace, steps)
+
+
+def hiprag_reward(trace: Trace, golds: Sequence[str], settings: RewardSettings = RewardSettings(), *,
+                  verdicts: Sequence[str] | None = None) -> Reward:
+    """HiPRAG's hierarchical reward (Wu et al., 2025a): R = A·(1 − λ_f) + λ_f·F + λ_p·A·F·(N_corr/N),
+    A the outcome — the gold contained in the answer (HiPRAG's cover exact match; `evaluate.metrics.
+    accuracy`, on token boundaries) —, F the format term (`format_ok`), N_corr/N the share of steps
+    the process judges (`judges/process.py`) found neither over- nor under-search. `verdicts`: one per
+    decision step, as `judges.process.step_verdicts` gives them; needed only when A·F = 1 (a wrong or
+    malformed trajectory gets no bonus and is never judged), a DataError when missing then."""
+    from metarag.evaluate.metrics import accuracy
+    from metarag.judges.process import clean_share
+
+    if isinstance(golds, str) or not golds:
+        raise DataError("the reward needs the question's gold answers (a non-empty list of strings)")
+    steps = agent_steps(trace)
+    outcome = accuracy(trace.answer, golds) if trace.answer else 0.0
+    form = 1.0 if format_ok(trace, steps) else 0.0
+    total = outcome * (1 - settings.format_weight) + settings.format_weight * form
+    process = None
+    if outcome * form == 1.0:
+        if verdicts is None:
+            raise DataError(f"trace of question {trace.question_id!r}: the hiprag reward needs the process "
+                            "judges' step verdicts of a correct trajectory (judges.process.ProcessAudit)")
+        process = clean_share(verdicts, steps)
+        total += settings.process_weight * process
+    return Reward(total, outcome, **_counts(steps), under_search_rate=_under_share(steps, settings.margin),
+                  diagnoses=diagnoses(steps, settings.margin), process=process)
+
+
+RewardFunction = Callable[..., Reward]
 
 REWARDS: Mapping[str, RewardFunction] = {
     "search-r1": search_r1_reward,
@@ -407,10 +461,14 @@ REWARDS: Mapping[str, RewardFunction] = {
     "belief-under-only": belief_under_only_reward,
     "belief-ungated": belief_ungated_reward,
     "beta-grpo": beta_grpo_reward,
+    "hiprag": hiprag_reward,
 }
 
 # rewards that read the belief probe at every step: a trainer must run the probe for these
 NEEDS_PROBE = frozenset({"belief", "belief-over-only", "belief-under-only", "belief-ungated"})
+# rewards that read LLM judgments of each step (HiPRAG's process judges): a trainer runs
+# `judges.process.ProcessAudit` on the rollouts `hiprag_needs_judging` selects and passes `verdicts`
+NEEDS_STEP_JUDGES = frozenset({"hiprag"})
 
 
 def reward_function(name: str) -> RewardFunction:
