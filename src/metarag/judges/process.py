@@ -105,12 +105,7 @@ class OverSearchJudge:
         direct = yield Ask("hiprag-direct-answer", (Message("user", question),),
                            Decoding(max_tokens=s.direct_max_tokens))
         prompt = EQUIVALENCE_TASK.format(conclusion=inputs["conclusion"], direct=direct.text.strip() or "(nothing)")
-        out = yield Ask("hiprag-equivalence", (Message("user", prompt),), Decoding(max_tokens=s.judge_max_tokens),
-                        model=s.judge_model)
-        same = read_true_false(out.text)
-        if same is None:
-            return Verdict(NECESSARY_SEARCH, 0.0, fallback=f"no True/False in {out.text[:80]!r}")
-        return Verdict(OVER_SEARCH if same else NECESSARY_SEARCH, 1.0 if same else 0.0)
+        return (yield from _ask_judge("hiprag-equivalence", prompt, s, if_true=OVER_SEARCH, if_false=NECESSARY_SEARCH))
 
 
 @dataclass(frozen=True)
@@ -124,12 +119,22 @@ class UnderSearchStepJudge:
     def judge(self, inputs: Mapping[str, str]) -> Generator[Action, Any, Verdict]:
         s = self.settings
         prompt = STEP_CHECK_TASK.format(question=inputs["question"], step=inputs["step"])
-        out = yield Ask("hiprag-step-check", (Message("user", prompt),), Decoding(max_tokens=s.judge_max_tokens),
-                        model=s.judge_model)
-        sound = read_true_false(out.text)
-        if sound is None:
-            return Verdict(SUFFICIENT_REASONING, 0.0, fallback=f"no True/False in {out.text[:80]!r}")
-        return Verdict(SUFFICIENT_REASONING if sound else UNDER_SEARCH, 0.0 if sound else 1.0)
+        return (yield from _ask_judge("hiprag-step-check", prompt, s, if_true=SUFFICIENT_REASONING,
+                                      if_false=UNDER_SEARCH))
+
+
+def _ask_judge(purpose: str, prompt: str, s: ProcessJudgeSettings, *, if_true: str,
+               if_false: str) -> Generator[Action, Any, Verdict]:
+    """Ask the judge model one True/False question; the verdict is `if_true` / `if_false`, its score 1
+    for a search error. No verdict in the reply: the step counts clean (the clean verdict, recorded
+    as a fallback)."""
+    out = yield Ask(purpose, (Message("user", prompt),), Decoding(max_tokens=s.judge_max_tokens), model=s.judge_model)
+    said = read_true_false(out.text)
+    clean = if_false if if_true in SEARCH_ERRORS else if_true
+    if said is None:
+        return Verdict(clean, 0.0, fallback=f"no True/False in {out.text[:80]!r}")
+    verdict = if_true if said else if_false
+    return Verdict(verdict, 1.0 if verdict in SEARCH_ERRORS else 0.0)
 
 
 def _plain(text: str) -> str:
