@@ -50,6 +50,29 @@ def test_kv_cache_reuses_a_shared_prefix_even_after_another_prompt(llm):
     assert second.usage.cached_tokens > 0.9 * first.usage.prompt_tokens
 
 
+def test_prompt_lookup_drafts_take_tokens_without_changing_the_greedy_output(llm):
+    import dataclasses
+
+    facts = "The Eiffel Tower was designed by the engineer Gustave Eiffel, who was born in Dijon in 1832."
+    msgs = [Message("user", f"Passage: {facts}\nRepeat the passage word for word.")]
+    plain_settings = llm.settings
+    llm.chat(msgs, Decoding(max_tokens=1))  # both calls below start from this prompt's saved state
+    try:
+        plain = llm.chat(msgs, Decoding(max_tokens=24, logprobs=1))
+        llm.settings = dataclasses.replace(plain_settings, lookup_tokens=3)
+        before = dict(llm.lookup_stats)
+        drafted = llm.chat(msgs, Decoding(max_tokens=24, logprobs=1))
+    finally:
+        llm.settings = plain_settings
+    assert drafted.text == plain.text and "Gustave Eiffel" in drafted.text
+    assert [t.token for t in drafted.logprobs] == [t.token for t in plain.logprobs]
+    # the same tokens; their log-probs from a batched decode differ a little (0.06 nats seen)
+    assert [t.logprob for t in drafted.logprobs] == pytest.approx([t.logprob for t in plain.logprobs], abs=0.15)
+    assert llm.lookup_stats["accepted"] - before["accepted"] >= 5  # a copied passage is mostly drafts
+    again = llm.chat(msgs, Decoding(max_tokens=24))  # the context after drafts is still consistent
+    assert again.text == plain.text
+
+
 def test_a_corrupt_gguf_is_reassembled(tmp_path):
     from metarag.llm.models import embedded_model, ensure_gguf
 

@@ -43,7 +43,15 @@ from metarag.records import Completion, LabelScores, Message, Usage
 class LlamaCppSettings:
     """How to load and run a GGUF. `embedded` names a model carried by PyPI wheels
     (`metarag.llm.models.EMBEDDED_MODELS`); `gguf` is any other GGUF file by path and wins when
-    given. `n_threads` None means all cores. `prefix_cache_mb` bounds the saved KV states."""
+    given. `n_threads` None means all cores. `prefix_cache_mb` bounds the saved KV states.
+
+    `lookup_tokens` > 0 turns on prompt-lookup decoding for greedy requests: after each token, the
+    last `lookup_ngram` (down to 1) tokens are looked up earlier in the prompt and output, the up to
+    `lookup_tokens` tokens that followed there are evaluated in one batch with the new token, and
+    every draft the greedy choice confirms is taken without a decode step of its own. A draft only
+    saves work, it never chooses a token: the output is the greedy output, up to the floating-point
+    difference between a batched and a one-token evaluation (`benchmarks/prompt_lookup.py` counts
+    differing outputs and the speed-up). Sampled requests decode one token at a time."""
 
     embedded: str | None = "qwen2.5-coder-1.5b-instruct"
     gguf: str | None = None
@@ -52,6 +60,9 @@ class LlamaCppSettings:
     n_threads: int | None = None
     prefix_cache_mb: int = 1024
     min_cached_prefix: int = 64  # shorter prompts are cheap to recompute: not worth a saved state
+    lookup_tokens: int = 0
+    lookup_ngram: int = 3
+    lookup_min_ngram: int = 2
 
 
 class LlamaCppLLM:
@@ -86,6 +97,7 @@ class LlamaCppLLM:
         self._n_vocab = self._llm.n_vocab()
         self._formatter = self._chat_formatter()
         self._states: OrderedDict[tuple[int, ...], bytes] = OrderedDict()
+        self.lookup_stats = {"drafted": 0, "accepted": 0}  # prompt-lookup drafts proposed and taken
         self._state_bytes = 0
         # one context, one request at a time: harness workers > 1 queue here instead of corrupting it
         self._lock = threading.Lock()
@@ -180,9 +192,14 @@ class LlamaCppLLM:
         raw = b""
         stream = TokenStream(decoding.stop)
         eos = False
+        lookup = self.settings.lookup_tokens if decoding.temperature <= 0 else 0
+        ahead: list[tuple[int, np.ndarray]] = []  # drafts already in the context, each with its logits
+        logits = self._logits()
         while len(out) < budget:
-            logits = self._logits()
             token = sample_token(logits, decoding, rng)
+            if ahead and ahead[0][0] != token:  # a draft the greedy choice rejects: drop it and the rest
+                self._llm.n_tokens = len(tokens) + len(out)
+                ahead = []
             if self._lib.llama_vocab_is_eog(self._vocab, token):
                 eos = True
                 break
@@ -194,7 +211,21 @@ class LlamaCppLLM:
             if stream.push(token, piece.decode("utf-8", errors="replace"), raw.decode("utf-8", errors="ignore"),
                            float(lp[token]), top, entropy_of(lp)):
                 break
-            self._llm.eval([token])
+            if ahead:  # the draft was right: its logits were computed with the batch
+                logits = ahead.pop(0)[1]
+                self.lookup_stats["accepted"] += 1
+                continue
+            drafts = prompt_lookup(tokens + out, lookup, self.settings.lookup_ngram, budget - len(out) - 1,
+                                   self.settings.lookup_min_ngram) if lookup else []
+            if drafts:
+                self.lookup_stats["drafted"] += len(drafts)
+                rows = self._eval_rows([token, *drafts])
+                logits, ahead = rows[0], list(zip(drafts, rows[1:]))
+            else:
+                self._llm.eval([token])
+                logits = self._logits()
+        if ahead:  # drafts evaluated past the last token taken: the context ends at that token
+            self._llm.n_tokens = len(tokens) + len(out)
         text, finish, stop = stream.finish(ended_by_eos=eos)
         usage = Usage(prompt_tokens=len(tokens), completion_tokens=len(out), cached_tokens=cached,
                       latency_s=time.perf_counter() - start, llm_requests=1)
@@ -218,6 +249,23 @@ class LlamaCppLLM:
         if len(tokens) >= self.settings.min_cached_prefix:
             self._save(tokens)
         return reused
+
+    def _eval_rows(self, batch: list[int]) -> list[np.ndarray]:
+        """Evaluate `batch` after the context in one decode, with the logits of every position (the
+        one-token `eval` keeps only the last)."""
+        llm = self._llm
+        llm._ctx.kv_cache_seq_rm(-1, llm.n_tokens, -1)
+        n_past = llm.n_tokens
+        llm._batch.set_batch(batch=batch, n_past=n_past, logits_all=True)
+        try:
+            llm._ctx.decode(llm._batch)
+        except RuntimeError as exc:
+            raise BackendError(f"llama.cpp failed to evaluate a draft: {exc}") from None
+        llm.input_ids[n_past:n_past + len(batch)] = batch
+        llm.n_tokens = n_past + len(batch)
+        ctx = llm._ctx.ctx
+        return [np.ctypeslib.as_array(self._lib.llama_get_logits_ith(ctx, i), shape=(self._n_vocab,))
+                .astype(np.float32, copy=True) for i in range(len(batch))]
 
     def _logits(self) -> np.ndarray:
         ptr = self._lib.llama_get_logits_ith(self._llm._ctx.ctx, -1)
@@ -263,6 +311,24 @@ class LlamaCppLLM:
             raise BackendError("llama.cpp could not restore a saved KV state")
         self._llm.input_ids[: len(key)] = key
         self._llm.n_tokens = len(key)
+
+
+def prompt_lookup(ids: Sequence[int], k: int, ngram: int, room: int, min_ngram: int = 1) -> list[int]:
+    """Prompt-lookup drafts (Saxena, 2023): the up to `k` (and `room`) tokens that followed the latest
+    earlier occurrence of the sequence's last `ngram` tokens, trying shorter n-grams down to
+    `min_ngram` when a longer one does not occur; [] when none does."""
+    k = min(k, room)
+    if k <= 0 or len(ids) < 2:
+        return []
+    seq = np.asarray(ids, dtype=np.int64)
+    for n in range(min(ngram, len(seq) - 1), max(min_ngram, 1) - 1, -1):
+        tail = seq[-n:]
+        windows = np.lib.stride_tricks.sliding_window_view(seq[:-1], n)  # every n-gram that has a successor
+        hits = np.flatnonzero((windows == tail).all(axis=1))
+        if hits.size:
+            start = int(hits[-1]) + n
+            return seq[start:start + k].tolist()
+    return []
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
