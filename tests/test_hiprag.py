@@ -191,3 +191,26 @@ def test_cli_routes_reward_and_judge_settings(capsys, tmp_path):
     assert "direct_max_tokens" in capsys.readouterr().err
     assert main(["train-agent", "--out", str(tmp_path), "--dataset", "demo", "--set", "no_such_knob=1"]) == 1
     assert "no_such_knob" in capsys.readouterr().err
+    assert main(["train-agent", "--out", str(tmp_path), "--dataset", "demo", "--set", "judge_model=embedded"]) == 1
+    assert "--reward hiprag only" in capsys.readouterr().err
+
+
+def test_a_named_judge_model_is_built_once_across_training_steps(monkeypatch):
+    import metarag.methods.runner as runner
+
+    built = []
+
+    def build(spec):
+        built.append(spec)
+        return ScriptedLLM([("Compare two statements", "<answer>False</answer>"),
+                            ("You check one reasoning step", "<answer>True</answer>")], name="judge")
+
+    monkeypatch.setattr(runner, "build_named_llm", build)
+    question = Question("q1", "What is the capital of France?", GOLD)
+    rollouts = AgentRollouts([question], MemoryRetriever([]), AgentTrainSettings(method="search-r1", reward="hiprag"),
+                             judge_settings=ProcessJudgeSettings(judge_model="embedded"))
+    policy = ScriptedLLM([("from your own knowledge", "Lyon.")])
+    for _ in range(2):  # two training steps
+        verdicts = rollouts._step_verdicts([searched_then_answered()], [question], policy)
+        assert verdicts == [(NECESSARY_SEARCH, SUFFICIENT_REASONING)]
+    assert built == ["embedded"]

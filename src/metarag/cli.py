@@ -589,6 +589,9 @@ def cmd_train_agent(args: argparse.Namespace) -> int:
                         owner="train-agent")
     reward_settings = override(RewardSettings(), parts[RewardSettings], owner="train-agent reward")
     judge_settings = override(ProcessJudgeSettings(), parts[ProcessJudgeSettings], owner="train-agent HiPRAG judges")
+    if parts[ProcessJudgeSettings] and settings.reward != "hiprag":
+        raise_config(f"--set {', '.join(parts[ProcessJudgeSettings])}: HiPRAG's judge settings apply to "
+                     f"--reward hiprag only, not {settings.reward}")
     spec = DatasetSpec(preset=args.dataset, file=args.dataset_file, format=args.format, corpus=args.corpus,
                        limit=args.limit, seed=args.seed)
     report = run_training(spec, llm_spec_from_args(args), args.out, settings, retriever=args.retriever,

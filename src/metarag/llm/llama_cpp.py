@@ -46,7 +46,8 @@ class LlamaCppSettings:
     given. `n_threads` None means all cores. `prefix_cache_mb` bounds the saved KV states.
 
     `lookup_tokens` > 0 turns on prompt-lookup decoding for greedy requests: after each token, the
-    last `lookup_ngram` (down to 1) tokens are looked up earlier in the prompt and output, the up to
+    last `lookup_ngram` tokens (then shorter, down to `lookup_min_ngram`) are looked up earlier in the
+    prompt and output, the up to
     `lookup_tokens` tokens that followed there are evaluated in one batch with the new token, and
     every draft the greedy choice confirms is taken without a decode step of its own. A draft only
     saves work, it never chooses a token: the output is the greedy output, up to the floating-point

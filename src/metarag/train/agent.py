@@ -265,6 +265,7 @@ class AgentRollouts:
         self.reward_fn = reward_function(settings.reward)
         self.reward_settings = reward_settings if reward_settings is not None else RewardSettings()
         self.judge_settings = judge_settings if judge_settings is not None else ProcessJudgeSettings()
+        self._judge_models: dict[str, Any] = {}  # a judge named by spec loads once, not once per step
         self.identity = identity
         self.by_text: dict[str, Question] = {}
         for q in questions:
@@ -334,17 +335,16 @@ class AgentRollouts:
         out: list[Any] = [None] * len(traces)
         if self.settings.reward not in NEEDS_STEP_JUDGES:
             return out
-        inputs: dict[str, Any] = {}
-        for i, (t, q) in enumerate(zip(traces, questions)):
-            if t.error is None and hiprag_needs_judging(t, q.answers):
-                inputs[f"{q.id}#rollout{i}"] = step_inputs(t)
-        if not inputs:
+        judged = [i for i, (t, q) in enumerate(zip(traces, questions))
+                  if t.error is None and hiprag_needs_judging(t, q.answers)]
+        if not judged:
             return out
+        inputs = {f"rollout{i}": step_inputs(traces[i]) for i in judged}  # one id per rollout: G share a question
         audits = run_many(ProcessAudit(inputs, self.judge_settings),
-                          [Question(key, traces[int(key.rsplit("#rollout", 1)[1])].question) for key in inputs],
-                          Runtime(llm=llm))
-        for key, audit in zip(inputs, audits):
-            out[int(key.rsplit("#rollout", 1)[1])] = step_verdicts(inputs[key], audit)
+                          [Question(key, traces[i].question) for key, i in zip(inputs, judged)],
+                          Runtime(llm=llm, models=self._judge_models))
+        for items, i, audit in zip(inputs.values(), judged, audits):
+            out[i] = step_verdicts(items, audit)
         return out
 
     def _reward(self, trace: Trace, question: Question, verdicts: Any = None) -> Any:
@@ -565,7 +565,7 @@ def _last_checkpoint(out: Path) -> Path | None:
     return max(done, key=_checkpoint_step) if done else None
 
 
-_RESUME_KEYS = ("method", "reward", "reward_settings", "base_model_sha256", "data_sha256", "lora")
+_RESUME_KEYS = ("method", "reward", "reward_settings", "judge_settings", "base_model_sha256", "data_sha256", "lora")
 
 
 def _check_resumable(out: Path, manifest: dict[str, Any]) -> None:
