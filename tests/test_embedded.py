@@ -98,3 +98,12 @@ def test_a_file_that_is_not_gguf_is_refused(tmp_path):
     bogus.write_bytes(b"not a model")
     with pytest.raises(DataError, match="not a GGUF"):
         LlamaCppLLM(LlamaCppSettings(gguf=str(bogus)))
+
+
+def test_threads_bound_the_prompt_evaluation_too():
+    """llama-cpp-python evaluates prompts on every core unless told otherwise: `n_threads` covers both."""
+    from metarag.llm.llama_cpp import LlamaCppLLM, LlamaCppSettings
+
+    one = LlamaCppLLM(LlamaCppSettings(embedded="qwen2.5-coder-0.5b-instruct", n_ctx=256, n_threads=1))
+    params = one._llm.context_params
+    assert (params.n_threads, params.n_threads_batch) == (1, 1)

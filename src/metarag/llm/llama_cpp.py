@@ -43,7 +43,7 @@ from metarag.records import Completion, LabelScores, Message, Usage
 class LlamaCppSettings:
     """How to load and run a GGUF. `embedded` names a model carried by PyPI wheels
     (`metarag.llm.models.EMBEDDED_MODELS`); `gguf` is any other GGUF file by path and wins when
-    given. `n_threads` None means all cores. `prefix_cache_mb` bounds the saved KV states.
+    given. `n_threads` (None: all cores) runs both the decoding and the prompt's evaluation. `prefix_cache_mb` bounds the saved KV states.
 
     `lookup_tokens` > 0 turns on prompt-lookup decoding for greedy requests: after each token, the
     last `lookup_ngram` tokens (then shorter, down to `lookup_min_ngram`) are looked up earlier in the
@@ -90,8 +90,11 @@ class LlamaCppLLM:
         self.model_sha256 = file_sha256(path)
         self.identity = f"llama.cpp:{name}:sha256={self.model_sha256[:16]}"
         try:
+            threads = settings.n_threads or os.cpu_count()
+            # n_threads_batch too: llama-cpp-python's own default for it is every core, so `--threads 1`
+            # would still spread each prompt's evaluation over the whole machine
             self._llm = llama_cpp.Llama(model_path=str(path), n_ctx=settings.n_ctx, n_batch=settings.n_batch,
-                                        n_threads=settings.n_threads or os.cpu_count(), verbose=False)
+                                        n_threads=threads, n_threads_batch=threads, verbose=False)
         except (ValueError, RuntimeError) as exc:
             raise BackendError(f"llama.cpp could not load {path}: {exc}") from None
         self._vocab = self._llm._model.vocab
