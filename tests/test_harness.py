@@ -311,6 +311,23 @@ def test_a_method_revision_above_one_is_hashed_into_the_run_id(tmp_path, monkeyp
     assert "method_revision" not in standard  # revision 1: run ids of unchanged methods stay put
 
 
+def test_a_new_revision_of_a_method_run_inside_another_changes_the_composite_run_id(tmp_path, monkeypatch):
+    from metarag.evaluate.harness import prepare
+    from metarag.methods.ircot import IRCoT
+    from metarag.methods.react import ReAct
+
+    cfg = config(tmp_path, method="adaptive-rag", overrides={"route": "C"})
+    before = prepare(cfg)
+    assert "component_revisions" not in before[3]  # all its strategies at revision 1: the id stays put
+    reflexion = prepare(config(tmp_path, method="reflexion"))
+    monkeypatch.setattr(IRCoT, "revision", 2)
+    after = prepare(cfg)
+    assert after[3]["component_revisions"] == {"ircot": 2} and after[0].path != before[0].path
+    assert prepare(config(tmp_path, method="reflexion"))[0].path == reflexion[0].path  # it runs no IRCoT
+    monkeypatch.setattr(ReAct, "revision", 3)
+    assert prepare(config(tmp_path, method="reflexion"))[3]["component_revisions"] == {"react": 3}
+
+
 def test_passages_per_question_counts_each_passage_once(tmp_path):
     from metarag.records import Hit, Passage, Retrieve, Trace, Usage
 

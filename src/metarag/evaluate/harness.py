@@ -24,7 +24,8 @@ from metarag.errors import BackendError, ConfigError, DataError
 from metarag.evaluate.metrics import AnswerScores, score_answer, support_recall
 from metarag.evaluate.runs import QuestionResult, RunStore, describe_holder
 from metarag.llm.registry import LLMSpec, check_spec, make_llm
-from metarag.methods.registry import CLOSED_BOOK, build_method, method_revision, method_settings
+from metarag.methods.registry import (CLOSED_BOOK, build_method, component_revisions, method_revision,
+                                      method_settings)
 from metarag.methods.runner import Method, Runtime, check_needs, run, run_many
 from metarag.records import Question, Trace
 from metarag.settings import artifact_digests, settings_hash, to_plain
@@ -130,6 +131,8 @@ def prepare(config: EvalConfig):
     revision = method_revision(config.method)
     if revision > 1:  # absent at revision 1, so the run ids of unchanged methods stay put
         resolved["method_revision"] = revision
+    if components := component_revisions(config.method):  # likewise absent while all are at revision 1
+        resolved["component_revisions"] = components
     if config.reranker != "none" and needs_corpus:  # absent otherwise, so run ids without one stay put
         resolved["reranker"] = {"spec": config.reranker, "depth": config.rerank_depth,
                                 "settings": to_plain(reranker_settings(config.reranker))}

@@ -71,6 +71,7 @@ class AdaptiveRAG:
 
     name = "adaptive-rag"
     revision = 1
+    components = ("closed-book", "standard-rag", "ircot")
 
     def __init__(self, settings: AdaptiveRAGSettings = AdaptiveRAGSettings(), router=None):
         self.settings = settings

@@ -119,6 +119,7 @@ class Reflexion:
 
     name = "reflexion"
     revision = 1
+    components = ("react",)  # its actor is ReAct's trial
 
     def __init__(self, settings: ReflexionSettings = ReflexionSettings()):
         self.settings = settings

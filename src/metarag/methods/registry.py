@@ -58,6 +58,15 @@ def method_revision(name: str) -> int:
     return int(getattr(getattr(importlib.import_module(module), method_cls), "revision", 1))
 
 
+def component_revisions(name: str) -> dict[str, int]:
+    """The revisions of the methods that method `name` runs inside it (a class attribute `components`,
+    the registry names of e.g. Adaptive-RAG's three strategies or Reflexion's ReAct actor), so that a
+    change to one of them changes the composite's run ids too; those at revision 1 are left out."""
+    module, method_cls, _ = _entry(name)
+    parts = getattr(getattr(importlib.import_module(module), method_cls), "components", ())
+    return {part: rev for part in parts if (rev := method_revision(part)) > 1}
+
+
 def _entry(name: str) -> tuple[str, str, str]:
     try:
         return METHODS[name]
