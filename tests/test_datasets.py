@@ -245,6 +245,20 @@ def test_every_preset_resolves(data):
             assert all(i in pool for q in ds.questions for i in q.supporting_ids)
 
 
+def test_a_corpus_given_with_a_preset_replaces_or_supplies_its_paragraphs(data):
+    wiki = data / "wiki_sample/wiki18_sample1000.jsonl"
+    bamboogle = resolve_preset("bamboogle", data, corpus=wiki)
+    assert bamboogle.name == "bamboogle" and bamboogle.passages is not None and len(bamboogle.passages) == 1000
+    assert resolve_preset("bamboogle", data).passages is None  # without it: no paragraphs of its own
+    own = resolve_preset("hotpotqa-train100", data)
+    swapped = resolve_preset("hotpotqa-train100", data, corpus=wiki)
+    assert len(swapped.passages) == 1000 != len(own.passages)
+    with pytest.raises(ConfigError, match="builds its own passages"):
+        resolve_preset("multihop-rag-facts", data, corpus=wiki)
+    with pytest.raises(ConfigError, match="demo dataset"):
+        resolve_preset("demo", corpus=wiki)
+
+
 # ------------------------------------------------------------------------------------ sampling
 def test_sample_is_seeded_ordered_and_shrinks_the_pool(data):
     ds = load_dataset(data / "hotpotqa/dev500_ircot.jsonl")

@@ -54,3 +54,24 @@ def test_rows_run_on_the_same_questions_and_are_reported_against_the_reference(t
 def test_unknown_tables_are_refused():
     bad = subprocess.run([str(SCRIPT), "nonsense"], capture_output=True, text=True)
     assert bad.returncode == 2 and "unknown table 'nonsense'" in bad.stderr
+
+
+def test_the_agent_table_retrieves_from_the_wiki_corpus_where_a_benchmark_has_no_paragraphs(tmp_path):
+    import pytest
+    from conftest import SHARED_DATA
+
+    if not (SHARED_DATA / "bamboogle").is_dir():
+        pytest.skip("needs the shared benchmark data beside the repo")
+    wiki = tmp_path / "wiki.jsonl"
+    wiki.write_text("".join(json.dumps({"id": f"w{i}", "contents": f"Title {i}\nPassage number {i}."}) + "\n"
+                            for i in range(5)))
+    port = free_port()
+    with FakeOpenAIServer(port, answer="<answer>Paris</answer>") as server:
+        out = run_table(tmp_path, server.url, "agent", "bamboogle", ROWS="standard-rag belief-agent:probe=true",
+                        WIKI_CORPUS=str(wiki), METARAG_DATA_DIR=str(SHARED_DATA))
+    assert out.returncode == 0, out.stderr
+    assert "## agent table on bamboogle (limit 2, seed 0)" in out.stdout
+    assert "against belief-agent-bamboogle-openai-" in out.stdout
+    for run in (tmp_path / "runs").glob("*-bamboogle-*"):
+        dataset = json.loads((run / "settings.json").read_text())["dataset"]
+        assert dataset["corpus"] == str(wiki), run.name

@@ -265,9 +265,12 @@ def find_data_dir(data_dir: str | os.PathLike[str] | None = None) -> Path:
 
 
 def resolve_preset(name: str, data_dir: str | os.PathLike[str] | None = None, *,
-                   allow_unanswerable: bool = False) -> Dataset:
-    """The dataset a preset name stands for (see `PRESETS`, and `DEMO` for the files in the package)."""
+                   corpus: str | os.PathLike[str] | None = None, allow_unanswerable: bool = False) -> Dataset:
+    """The dataset a preset name stands for (see `PRESETS`, and `DEMO` for the files in the package).
+    `corpus` replaces the preset's own paragraphs (or gives the ones a preset lacks) with a corpus file."""
     if name == DEMO:
+        if corpus is not None:
+            raise ConfigError("the demo dataset retrieves from its own paragraphs; give it no corpus")
         return _load_demo()
     if name not in PRESETS:
         raise ConfigError(f"unknown dataset preset {name!r}{close_matches(name, [*PRESETS, DEMO])}")
@@ -276,7 +279,8 @@ def resolve_preset(name: str, data_dir: str | os.PathLike[str] | None = None, *,
     for relative in filter(None, (preset.path, preset.corpus)):
         if not (folder / relative).is_file():
             raise ConfigError(f"preset {name}: {relative} is not in the data folder {folder}; {_NO_DATA_DIR}")
-    corpus = folder / preset.corpus if preset.corpus else None
+    if corpus is None and preset.corpus:
+        corpus = folder / preset.corpus
     return load_dataset(folder / preset.path, preset.format, corpus=corpus, name=name,
                         allow_unanswerable=allow_unanswerable, pool=preset.pool)
 

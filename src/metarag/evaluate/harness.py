@@ -82,9 +82,11 @@ def load_questions(spec: DatasetSpec):
     if bool(spec.preset) == bool(spec.file):
         raise ConfigError("give exactly one of --dataset PRESET or --dataset-file PATH")
     if spec.preset:
-        if spec.format or spec.corpus:
-            raise ConfigError("--format and --corpus go with --dataset-file, not with a preset")
-        dataset = resolve_preset(spec.preset, allow_unanswerable=spec.allow_unanswerable)
+        if spec.format:
+            raise ConfigError("--format goes with --dataset-file, not with a preset")
+        # --corpus with a preset retrieves from that corpus instead of the preset's own paragraphs (the
+        # single-hop sets and Bamboogle have none: Wikipedia passages, as the papers retrieve from)
+        dataset = resolve_preset(spec.preset, corpus=spec.corpus, allow_unanswerable=spec.allow_unanswerable)
     else:
         dataset = load_dataset(spec.file, spec.format, corpus=spec.corpus,
                                allow_unanswerable=spec.allow_unanswerable)
