@@ -43,7 +43,8 @@ from metarag.records import Completion, LabelScores, Message, Usage
 class LlamaCppSettings:
     """How to load and run a GGUF. `embedded` names a model carried by PyPI wheels
     (`metarag.llm.models.EMBEDDED_MODELS`); `gguf` is any other GGUF file by path and wins when
-    given. `n_threads` (None: all cores) runs both the decoding and the prompt's evaluation. `prefix_cache_mb` bounds the saved KV states.
+    given. `n_threads` (None: all cores) runs both the decoding and the prompt's evaluation.
+    `prefix_cache_mb` bounds the saved KV states.
 
     `lookup_tokens` > 0 turns on prompt-lookup decoding for greedy requests: after each token, the
     last `lookup_ngram` tokens (then shorter, down to `lookup_min_ngram`) are looked up earlier in the
