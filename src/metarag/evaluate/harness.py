@@ -24,8 +24,7 @@ from metarag.errors import BackendError, ConfigError, DataError
 from metarag.evaluate.metrics import AnswerScores, score_answer, support_recall
 from metarag.evaluate.runs import QuestionResult, RunStore, describe_holder
 from metarag.llm.registry import LLMSpec, check_spec, make_llm
-from metarag.methods.registry import (CLOSED_BOOK, build_method, component_revisions, method_revision,
-                                      method_settings)
+from metarag.methods.registry import CLOSED_BOOK, build_method, component_revisions, method_revision, method_settings
 from metarag.methods.runner import Method, Runtime, check_needs, run, run_many
 from metarag.records import Question, Trace
 from metarag.settings import artifact_digests, settings_hash, to_plain
