@@ -67,11 +67,16 @@ def test_the_agent_table_retrieves_from_the_wiki_corpus_where_a_benchmark_has_no
                             for i in range(5)))
     port = free_port()
     with FakeOpenAIServer(port, answer="<answer>Paris</answer>") as server:
-        out = run_table(tmp_path, server.url, "agent", "bamboogle", ROWS="standard-rag belief-agent:probe=true",
+        out = run_table(tmp_path, server.url, "agent", "bamboogle",
+                        ROWS="standard-rag belief-agent:probe=true belief-agent",
                         WIKI_CORPUS=str(wiki), METARAG_DATA_DIR=str(SHARED_DATA))
     assert out.returncode == 0, out.stderr
     assert "## agent table on bamboogle (limit 2, seed 0)" in out.stdout
-    assert "against belief-agent-bamboogle-openai-" in out.stdout
+    rows = [line.split(" | ")[0] for line in out.stdout.splitlines() if " bamboogle | 2 |" in line]
+    assert rows == ["| standard-rag", "| belief-agent (probe=True)", "| belief-agent (probe=False)"]
+    probed = next(r for r in (tmp_path / "runs").glob("belief-agent-bamboogle-*")
+                  if json.loads((r / "settings.json").read_text())["method_settings"]["probe"])
+    assert "against belief-agent-bamboogle-openai-" in out.stdout and f"against {probed.name}" in out.stdout
     for run in (tmp_path / "runs").glob("*-bamboogle-*"):
         dataset = json.loads((run / "settings.json").read_text())["dataset"]
         assert dataset["corpus"] == str(wiki), run.name

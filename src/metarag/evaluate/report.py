@@ -138,6 +138,29 @@ def method_label(settings: dict) -> str | None:
     return method
 
 
+def tell_apart(rows: list[dict], runs: Sequence[LoadedRun]) -> None:
+    """Rows of one method in one table (a table's `method:key=value` rows, a sweep) name the method
+    settings in which their runs differ, e.g. "belief-agent (probe=True)", so no two rows read the
+    same; a path is named by its last part. Rows of a method that appears once are left as they are."""
+    groups: dict[str | None, list[int]] = {}
+    for i, row in enumerate(rows):
+        groups.setdefault(row["method"], []).append(i)
+    for label, members in groups.items():
+        if len(members) < 2:
+            continue
+        settings = [runs[i].settings.get("method_settings") or {} for i in members]
+        keys = sorted({k for st in settings for k in st if len({repr(other.get(k)) for other in settings}) > 1})
+        for i, st in zip(members, settings):
+            named = ", ".join(f"{k}={_short(st.get(k))}" for k in keys)
+            if named:
+                rows[i]["method"] = f"{label} ({named})"
+
+
+def _short(value) -> str:
+    text = str(value)
+    return Path(text).name if "/" in text else text
+
+
 def paired_scores(baseline: LoadedRun, other: LoadedRun, metric: str) -> tuple[list[float], list[float]]:
     """Per-question scores of two runs over the same questions, aligned by question id."""
     if set(baseline.question_ids) != set(other.question_ids):
@@ -180,6 +203,7 @@ def report_table(runs: Sequence[LoadedRun], *, baseline: int | None = 0, tests: 
     follow them either way. A run with failed questions gets FAILED_MARK on its `failed` cell and a
     line under the table with the count and its first error, whichever columns are shown."""
     rows = [summarize(r, prices) for r in runs]
+    tell_apart(rows, runs)
     if columns is not None:
         unknown = [c for c in columns if not any(c in row for row in rows)]
         if unknown:
