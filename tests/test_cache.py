@@ -1,6 +1,8 @@
 """The persistent response cache: a repeated request is served from sqlite, and keys separate
 everything that can change an answer."""
 
+import pytest
+
 from metarag.llm.base import Decoding
 from metarag.llm.cache import CachedLLM, ResponseCache
 from metarag.llm.scripted import ScriptedLLM
@@ -179,3 +181,20 @@ def test_answers_stored_before_the_token_level_protocol_are_not_served_where_it_
     assert llm.score_labels("Is it true?", ["Yes", "No"]).probs == (0.9, 0.1)
     assert llm.complete("Is it true?", Decoding(max_tokens=4)).text == "stored"
     assert llm.complete("Is it true?", Decoding(max_tokens=4, logprobs=2)).text == "fresh"
+
+
+def test_n_ctx_flag_sets_the_window_of_the_run_and_of_training(capsys, tmp_path):
+    from metarag.cli import build_parser, llm_spec_from_args, main
+    from metarag.llm.registry import backend_settings
+
+    parser = build_parser()
+    assert llm_spec_from_args(parser.parse_args(["ask", "What?"])).n_ctx == 4096
+    spec = llm_spec_from_args(parser.parse_args(["eval", "--method", "metarag", "--dataset", "demo", "--n-ctx", "8192"]))
+    assert spec.n_ctx == 8192 and backend_settings(spec).n_ctx == 8192
+    with pytest.raises(SystemExit):
+        parser.parse_args(["ask", "What?", "--n-ctx", "0"])
+    assert main(["train-agent", "--out", str(tmp_path), "--dataset", "demo", "--dry-run", "--n-ctx", "2048"]) == 0
+    assert "context 2048" in capsys.readouterr().out
+    assert main(["train-agent", "--out", str(tmp_path), "--dataset", "demo", "--dry-run", "--n-ctx", "2048",
+                 "--set", "n_ctx=1024"]) == 1
+    assert "--n-ctx 2048 and --set n_ctx=1024 disagree" in capsys.readouterr().err

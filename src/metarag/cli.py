@@ -310,6 +310,9 @@ def add_llm_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=positive_int, default=None,
                    help="CPU threads for the llama.cpp back-ends (default: all cores; 1 is faster when other "
                         "jobs share the cores)")
+    p.add_argument("--n-ctx", type=positive_int, default=None,
+                   help="context window of the local back-ends in tokens (default: 4096); a prompt that does not "
+                        "fit fails that question, and a larger window makes it a new run id")
     p.add_argument("--no-cache", "--no-response-cache", dest="no_cache", action="store_true",
                    help="this run neither reads nor writes the persistent response cache")
 
@@ -581,6 +584,9 @@ def cmd_train_agent(args: argparse.Namespace) -> int:
         values["steps"] = args.steps
     if args.time_budget is not None:
         values["time_budget_s"] = args.time_budget
+    if args.n_ctx is not None:  # the trainer's own setting is the window; the flag is another way to give it
+        if str(values.setdefault("n_ctx", args.n_ctx)) != str(args.n_ctx):
+            raise_config(f"--n-ctx {args.n_ctx} and --set n_ctx={values['n_ctx']} disagree: give one")
     # one --set for all three: a key goes to the reward's or HiPRAG's judges' settings when it is theirs
     owned = {cls: {f.name for f in dataclasses.fields(cls)} for cls in (RewardSettings, ProcessJudgeSettings)}
     parts = {cls: {k: v for k, v in values.items() if k in names} for cls, names in owned.items()}
@@ -667,7 +673,9 @@ def llm_spec_from_args(args: argparse.Namespace):
     from metarag.llm.registry import parse_llm_spec
 
     return parse_llm_spec(args.llm, gguf=args.gguf, base_url=args.base_url, model=args.model,
-                          api_key_env=args.api_key_env, n_threads=args.threads, response_cache=not args.no_cache)
+                          api_key_env=args.api_key_env, n_threads=args.threads,
+                          **({} if args.n_ctx is None else {"n_ctx": args.n_ctx}),
+                          response_cache=not args.no_cache)
 
 
 def raise_config(message: str):

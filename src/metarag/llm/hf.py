@@ -257,7 +257,7 @@ class HFLLM:
             raise BackendError("the prompt has no tokens")
         if len(tokens) >= self.settings.n_ctx:
             raise BackendError(f"prompt of {len(tokens)} tokens does not fit the context of "
-                               f"{self.settings.n_ctx} tokens (raise n_ctx or retrieve fewer passages)")
+                               f"{self.settings.n_ctx} tokens (raise --n-ctx or retrieve fewer passages)")
         return tokens
 
     def _padded(self, rows: Sequence[Sequence[int]]):

@@ -168,7 +168,7 @@ class LlamaCppLLM:
     def _check_fits(self, tokens: list[int]) -> list[int]:
         if len(tokens) >= self.settings.n_ctx:
             raise BackendError(f"prompt of {len(tokens)} tokens does not fit the context of "
-                               f"{self.settings.n_ctx} tokens (raise n_ctx or retrieve fewer passages)")
+                               f"{self.settings.n_ctx} tokens (raise --n-ctx or retrieve fewer passages)")
         if not tokens:
             raise BackendError("the prompt has no tokens")
         return tokens
