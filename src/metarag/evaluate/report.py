@@ -5,6 +5,7 @@ Every figure is computed from the per-question results a run wrote; nothing is k
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 from collections import Counter
 from collections.abc import Sequence
@@ -141,7 +142,9 @@ def method_label(settings: dict) -> str | None:
 def tell_apart(rows: list[dict], runs: Sequence[LoadedRun]) -> None:
     """Rows of one method in one table (a table's `method:key=value` rows, a sweep) name the method
     settings in which their runs differ, e.g. "belief-agent (probe=True)", so no two rows read the
-    same; a path is named by its last part. Rows of a method that appears once are left as they are."""
+    same; a path is named by its last part. Rows of a method that appears once are left as they are.
+    A setting a run's record lacks (the run predates it) reads as the setting's default, the behaviour
+    the run had; "–" for a method this version does not know."""
     groups: dict[str | None, list[int]] = {}
     for i, row in enumerate(rows):
         groups.setdefault(row["method"], []).append(i)
@@ -149,11 +152,26 @@ def tell_apart(rows: list[dict], runs: Sequence[LoadedRun]) -> None:
         if len(members) < 2:
             continue
         settings = [runs[i].settings.get("method_settings") or {} for i in members]
+        known = {k for st in settings for k in st}
+        for j, i in enumerate(members):
+            if missing := known - settings[j].keys():
+                defaults = _defaults(runs[i].settings.get("method"))
+                settings[j] = {**{k: defaults.get(k, "–") for k in missing}, **settings[j]}
         keys = sorted({k for st in settings for k in st if len({repr(other.get(k)) for other in settings}) > 1})
         for i, st in zip(members, settings):
             named = ", ".join(f"{k}={_short(st.get(k))}" for k in keys)
             if named:
                 rows[i]["method"] = f"{label} ({named})"
+
+
+def _defaults(method: str | None) -> dict:
+    from metarag.methods.registry import method_settings
+
+    try:
+        values = method_settings(method) if method else None
+    except ConfigError:
+        return {}
+    return {f.name: getattr(values, f.name) for f in dataclasses.fields(values)} if values is not None else {}
 
 
 def _short(value) -> str:
