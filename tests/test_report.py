@@ -1,5 +1,6 @@
 """The report's table: rows of one method told apart by their settings."""
 
+
 def test_rows_of_one_method_name_the_settings_they_differ_in_an_older_run_reading_as_the_default():
     from types import SimpleNamespace
 
