@@ -5,7 +5,6 @@ Every figure is computed from the per-question results a run wrote; nothing is k
 from __future__ import annotations
 
 import csv
-import dataclasses
 import io
 from collections import Counter
 from collections.abc import Sequence
@@ -22,7 +21,7 @@ from metarag.evaluate.stats import (
     paired_t_test,
     significance_mark,
 )
-from metarag.records import Decide, Judge, Rerank
+from metarag.records import Decide, Judge, Rerank, to_plain
 
 TESTS = ("t-test", "bootstrap", "randomization")
 
@@ -165,13 +164,13 @@ def tell_apart(rows: list[dict], runs: Sequence[LoadedRun]) -> None:
 
 
 def _defaults(method: str | None) -> dict:
+    """Method `method`'s default settings as a run records them (`to_plain`, as the harness writes)."""
     from metarag.methods.registry import method_settings
 
     try:
-        values = method_settings(method) if method else None
+        return to_plain(method_settings(method)) if method else {}
     except ConfigError:
         return {}
-    return {f.name: getattr(values, f.name) for f in dataclasses.fields(values)} if values is not None else {}
 
 
 def _short(value) -> str:
