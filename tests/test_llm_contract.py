@@ -306,8 +306,13 @@ def test_whole_label_scoring_multiplies_the_label_tokens(subject):
     scores = subject.llm.score_labels(subject.prompt, [label.strip(), "Zqxv wbtk"])
     assert isinstance(scores, LabelScores) and scores.labels == (label.strip(), "Zqxv wbtk")
     p = scores.prob(label.strip())
-    # the greedy spelling is one of the label's variants; the other spellings add little
-    assert joint * 0.999 <= p <= min(1.0, joint * 1.6 + 1e-3)
+    # the greedy spelling is one of the label's variants; the other spellings add little. llama.cpp
+    # scores the label's second token in a prompt evaluation (a batched matmul), not in the decode
+    # step that produced it: its quantized CPU kernels differ there by up to ~1e-2 nats (the server
+    # gave 0.0099 on an AMD EPYC), so for llama.cpp the lower bound allows 3 %.
+    quantized = type(subject.llm).__name__ in ("LlamaCppLLM", "OpenAICompatLLM")
+    slack = 0.97 if quantized else 0.999
+    assert joint * slack <= p <= min(1.0, joint * 1.6 + 1e-3)
     assert scores.prob("Zqxv wbtk") < 1e-3
 
 
