@@ -189,8 +189,12 @@ def test_n_ctx_flag_sets_the_window_of_the_run_and_of_training(capsys, tmp_path)
 
     parser = build_parser()
     assert llm_spec_from_args(parser.parse_args(["ask", "What?"])).n_ctx == 4096
-    spec = llm_spec_from_args(parser.parse_args(["eval", "--method", "metarag", "--dataset", "demo", "--n-ctx", "8192"]))
+    eval_args = ["eval", "--method", "metarag", "--dataset", "demo"]
+    spec = llm_spec_from_args(parser.parse_args([*eval_args, "--n-ctx", "8192"]))
     assert spec.n_ctx == 8192 and backend_settings(spec).n_ctx == 8192
+    assert backend_settings(spec).prefix_chunk == 0
+    exact = llm_spec_from_args(parser.parse_args([*eval_args, "--prefix-chunk", "32"]))
+    assert backend_settings(exact).prefix_chunk == 32
     with pytest.raises(SystemExit):
         parser.parse_args(["ask", "What?", "--n-ctx", "0"])
     assert main(["train-agent", "--out", str(tmp_path), "--dataset", "demo", "--dry-run", "--n-ctx", "2048"]) == 0

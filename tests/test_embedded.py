@@ -50,6 +50,35 @@ def test_kv_cache_reuses_a_shared_prefix_even_after_another_prompt(llm):
     assert second.usage.cached_tokens > 0.9 * first.usage.prompt_tokens
 
 
+def test_prefix_chunk_makes_a_reused_prefix_give_the_fresh_evaluation_bit_for_bit():
+    from metarag.llm.llama_cpp import LlamaCppLLM, LlamaCppSettings
+
+    def model():
+        return LlamaCppLLM(LlamaCppSettings(embedded="qwen2.5-coder-0.5b-instruct", n_ctx=1024, n_threads=1,
+                                            prefix_chunk=32))
+
+    evidence = " ".join(f"River {i} flows into lake {i * 7 % 13} near the town of Arden." for i in range(25))
+    first, second = (f"{evidence}\nQuestion: which lake does river {i} flow into?\nAnswer:" for i in (3, 11))
+    decoding = Decoding(max_tokens=8, logprobs=1)
+    fresh = model()
+    want = fresh.complete(second, decoding)
+    assert want.usage.cached_tokens == 0
+    warm = model()
+    assert warm.identity == fresh.identity and warm.identity.endswith(":prefix_chunk=32")
+    warm.complete(first, decoding)  # the shared evidence is now in the context, with generated tokens after it
+    after_first = warm.complete(second, decoding)
+    warm.complete("Say hello.", Decoding(max_tokens=2))  # the next one restores a saved state
+    third = second[:-1] + " (short)" + second[-1:]
+    restored = warm.complete(third, decoding)
+    assert after_first.usage.cached_tokens > 0.8 * want.usage.prompt_tokens
+    assert after_first.usage.cached_tokens % 32 == 0
+    assert after_first.token_ids == want.token_ids
+    assert [t.logprob for t in after_first.tokens] == [t.logprob for t in want.tokens]  # exact, not approx
+    fresh_short = model().complete(third, decoding)
+    assert restored.usage.cached_tokens > 0 and restored.usage.cached_tokens % 32 == 0
+    assert [t.logprob for t in restored.tokens] == [t.logprob for t in fresh_short.tokens]
+
+
 def test_prompt_lookup_drafts_take_tokens_without_changing_the_greedy_output(llm):
     import dataclasses
 

@@ -296,6 +296,19 @@ def test_a_model_named_by_path_is_hashed_by_content_into_the_run_id(tmp_path, mo
     assert "artifacts" not in plain  # the LLM critic names no file: run ids of such runs are unchanged
 
 
+def test_exact_prefix_reuse_is_a_run_of_its_own_and_off_leaves_run_ids_alone(tmp_path):
+    from metarag.errors import ConfigError
+    from metarag.evaluate.harness import prepare
+    from metarag.llm.registry import LLMSpec, parse_llm_spec
+
+    plain = prepare(config(tmp_path))
+    assert "prefix_chunk" not in plain[3]["llm"]  # off: the run ids of earlier runs stay put
+    exact = prepare(config(tmp_path, llm=LLMSpec(prefix_chunk=32)))
+    assert exact[3]["llm"]["prefix_chunk"] == 32 and exact[0].path != plain[0].path
+    with pytest.raises(ConfigError, match="llama.cpp setting"):
+        parse_llm_spec("hf-0.5b", prefix_chunk=32)
+
+
 def test_a_method_revision_above_one_is_hashed_into_the_run_id(tmp_path, monkeypatch):
     from metarag.evaluate import harness
     from metarag.evaluate.harness import prepare

@@ -313,6 +313,10 @@ def add_llm_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--n-ctx", type=positive_int, default=None,
                    help="context window of the local back-ends in tokens (default: 4096); a prompt that does not "
                         "fit fails that question, and a larger window makes it a new run id")
+    p.add_argument("--prefix-chunk", type=int, default=0, metavar="C",
+                   help="llama.cpp: evaluate prompts in chunks ending at multiples of C tokens and reuse only "
+                        "whole chunks from the KV cache, so a prompt's output does not depend on what ran before "
+                        "it (0, the default: reuse any shared prefix, faster but order-dependent); e.g. 32")
     p.add_argument("--no-cache", "--no-response-cache", dest="no_cache", action="store_true",
                    help="this run neither reads nor writes the persistent response cache")
 
@@ -675,7 +679,7 @@ def llm_spec_from_args(args: argparse.Namespace):
     return parse_llm_spec(args.llm, gguf=args.gguf, base_url=args.base_url, model=args.model,
                           api_key_env=args.api_key_env, n_threads=args.threads,
                           **({} if args.n_ctx is None else {"n_ctx": args.n_ctx}),
-                          response_cache=not args.no_cache)
+                          response_cache=not args.no_cache, prefix_chunk=args.prefix_chunk)
 
 
 def raise_config(message: str):

@@ -127,7 +127,9 @@ def prepare(config: EvalConfig):
         "corpus_fingerprint": corpus_fingerprint(dataset.passages) if needs_corpus else None,
         "retriever": config.retriever if needs_corpus else None,
         # how the model is run (threads, the response cache) does not change what it answers: not hashed
-        "llm": {k: v for k, v in asdict(config.llm).items() if k not in ("response_cache", "n_threads")},
+        # (prefix_chunk only where set, so the run ids of runs without it stay put)
+        "llm": {k: v for k, v in asdict(config.llm).items()
+                if k not in ("response_cache", "n_threads") and (k != "prefix_chunk" or v)},
     }
     revision = method_revision(config.method)
     if revision > 1:  # absent at revision 1, so the run ids of unchanged methods stay put

@@ -53,7 +53,20 @@ class LlamaCppSettings:
     every draft the greedy choice confirms is taken without a decode step of its own. A draft only
     saves work, it never chooses a token: the output is the greedy output, up to the floating-point
     difference between a batched and a one-token evaluation (`benchmarks/prompt_lookup.py` counts
-    differing outputs and the speed-up). Sampled requests decode one token at a time."""
+    differing outputs and the speed-up). Sampled requests decode one token at a time.
+
+    `prefix_chunk` > 0 makes KV-cache reuse exact: llama.cpp's numbers for a prompt token depend on
+    the batch it was evaluated in, so a prompt whose first part came from the cache (evaluated with an
+    earlier prompt, in other batches) gets different logits than the same prompt evaluated afresh —
+    up to 0.2 in a logit on the 0.5B (`benchmarks/prefix_chunk.py`), enough to flip a greedy token,
+    so a method's answer to a question can depend on which questions, methods or resumes came before
+    it in the process. With `prefix_chunk` = C every prompt is evaluated in batches that end at
+    multiples of C counted from the first token, and only the whole chunks of an earlier prompt (never
+    its last partial chunk, never generated tokens) are reused: each prompt's logits are then those of
+    a fresh evaluation, bit for bit, whatever ran before. The cost is up to C − 1 recomputed tokens per
+    request. Off (0) by default for now, so the cached responses and kept runs of earlier sessions stay
+    valid; on, it is part of the model's identity (the response cache keeps its answers apart) and of
+    the run id."""
 
     embedded: str | None = "qwen2.5-coder-1.5b-instruct"
     gguf: str | None = None
@@ -65,6 +78,11 @@ class LlamaCppSettings:
     lookup_tokens: int = 0
     lookup_ngram: int = 3
     lookup_min_ngram: int = 2
+    prefix_chunk: int = 0
+
+    def __post_init__(self) -> None:
+        if self.prefix_chunk < 0 or self.prefix_chunk > self.n_batch:
+            raise ConfigError(f"prefix_chunk must be 0 (off) or 1..n_batch ({self.n_batch}), got {self.prefix_chunk}")
 
 
 class LlamaCppLLM:
@@ -90,6 +108,9 @@ class LlamaCppLLM:
         self.path = path
         self.model_sha256 = file_sha256(path)
         self.identity = f"llama.cpp:{name}:sha256={self.model_sha256[:16]}"
+        if settings.prefix_chunk:  # exact reuse gives other (fresh-evaluation) numbers: kept apart in the cache
+            self.identity += f":prefix_chunk={settings.prefix_chunk}"
+        self._clean = 0  # the context's leading positions evaluated in whole aligned chunks (prefix_chunk)
         try:
             threads = settings.n_threads or os.cpu_count()
             # n_threads_batch too: llama-cpp-python's own default for it is every core, so `--threads 1`
@@ -240,20 +261,32 @@ class LlamaCppLLM:
         """Bring the context to the state after `tokens`, recomputing as little as possible; returns
         how many prompt tokens were reused from the KV cache."""
         llm = self._llm
-        reused = _common_prefix(llm._input_ids.tolist(), tokens)
+        chunk = self.settings.prefix_chunk
+        reusable = self._reusable(llm._input_ids.tolist(), tokens, self._clean)
         saved = self._best_saved(tokens)
-        if saved is not None and len(saved) > reused and _common_prefix(saved, tokens) > reused:
+        if saved is not None and self._reusable(saved, tokens, aligned_floor(len(saved), chunk)) > reusable:
             self._restore(saved)
-            reused = _common_prefix(saved, tokens)
-        reused = min(reused, len(tokens) - 1)  # one token is always evaluated to produce fresh logits
+            reusable = self._reusable(saved, tokens, aligned_floor(len(saved), chunk))
+        reused = min(reusable, len(tokens) - 1)  # one token is always evaluated to produce fresh logits
+        if chunk:
+            reused = aligned_floor(reused, chunk)
+            llm._ctx.kv_cache_seq_rm(-1, reused, -1)
         llm.n_tokens = reused
         try:
-            llm.eval(tokens[reused:])
+            for start, end in aligned_spans(reused, len(tokens), chunk):
+                llm.eval(tokens[start:end])
         except RuntimeError as exc:
             raise BackendError(f"llama.cpp failed to evaluate the prompt: {exc}") from None
+        self._clean = aligned_floor(len(tokens), chunk) if chunk else 0
         if len(tokens) >= self.settings.min_cached_prefix:
             self._save(tokens)
         return reused
+
+    def _reusable(self, context: Sequence[int], tokens: Sequence[int], clean: int) -> int:
+        """How many leading tokens of `tokens` a context holding `context` can give: the common
+        prefix, and with `prefix_chunk` only within the context's whole aligned chunks."""
+        n = _common_prefix(context, tokens)
+        return min(n, clean) if self.settings.prefix_chunk else n
 
     def _eval_rows(self, batch: list[int]) -> list[np.ndarray]:
         """Evaluate `batch` after the context in one decode, with the logits of every position (the
@@ -334,6 +367,27 @@ def prompt_lookup(ids: Sequence[int], k: int, ngram: int, room: int, min_ngram: 
             start = int(hits[-1]) + n
             return seq[start:start + k].tolist()
     return []
+
+
+def aligned_floor(n: int, chunk: int) -> int:
+    """`n` rounded down to a multiple of `chunk` (0: no chunking, `n` itself)."""
+    return n - n % chunk if chunk else n
+
+
+def aligned_spans(start: int, end: int, chunk: int) -> list[tuple[int, int]]:
+    """The batches that evaluate positions start..end-1: with `chunk`, each ends at the next multiple
+    of `chunk` counted from position 0 (or at `end`); without, one span (llama-cpp-python splits it
+    by n_batch itself)."""
+    if start >= end:
+        return []
+    if not chunk:
+        return [(start, end)]
+    spans = []
+    while start < end:
+        stop = min(end, (start // chunk + 1) * chunk)
+        spans.append((start, stop))
+        start = stop
+    return spans
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:

@@ -47,7 +47,8 @@ class LLMSpec:
     """Which LLM to use: `backend` is a name in BACKENDS; `gguf` is the model path (a GGUF file for
     'gguf'; a GGUF file or a model folder for 'hf', where it replaces the embedded model);
     `base_url`/`model` for 'openai'; `n_ctx`/`n_threads` for the local back-ends.
-    `response_cache` keeps every answer in `$METARAG_HOME/responses.sqlite`.
+    `response_cache` keeps every answer in `$METARAG_HOME/responses.sqlite`. `prefix_chunk` > 0
+    makes llama.cpp's KV-cache reuse exact (`LlamaCppSettings.prefix_chunk`; 0, off, by default).
     (The field names are those of the first version, so the run ids hashed from them stay put.)"""
 
     backend: str = "embedded"
@@ -58,6 +59,7 @@ class LLMSpec:
     n_ctx: int = 4096
     n_threads: int | None = None
     response_cache: bool = True
+    prefix_chunk: int = 0
 
     def label(self) -> str:
         """The spec string naming this model (the inverse of `parse_llm_spec`)."""
@@ -102,6 +104,8 @@ def check_spec(spec: LLMSpec) -> None:
         raise ConfigError(f"--llm {spec.backend} needs a model path (--llm {spec.backend}:PATH, or --gguf PATH)")
     if backend.needs == "model" and not spec.model:
         raise ConfigError("--llm openai needs a model name (--llm openai:MODEL@URL, or --model NAME --base-url URL)")
+    if spec.prefix_chunk and backend.cls != "LlamaCppLLM":
+        raise ConfigError(f"--prefix-chunk is a llama.cpp setting; --llm {spec.backend} does not take it")
     if spec.gguf and spec.backend not in PATH_BACKENDS:
         raise ConfigError(f"a model path was given, but --llm {spec.backend} takes none (use gguf:PATH or hf:PATH)")
 
@@ -116,7 +120,8 @@ def backend_settings(spec: LLMSpec) -> Any:
     if backend.cls == "HFLLM":
         return settings_cls(embedded=None if spec.gguf else backend.embedded, path=spec.gguf, n_ctx=spec.n_ctx,
                             n_threads=spec.n_threads)
-    return settings_cls(embedded=backend.embedded, gguf=spec.gguf, n_ctx=spec.n_ctx, n_threads=spec.n_threads)
+    return settings_cls(embedded=backend.embedded, gguf=spec.gguf, n_ctx=spec.n_ctx, n_threads=spec.n_threads,
+                        prefix_chunk=spec.prefix_chunk)
 
 
 def make_llm(spec: LLMSpec | str) -> LLM:
