@@ -33,7 +33,7 @@ from metarag.judges.under_search import (
 )
 from metarag.llm.scripted import ScriptedLLM
 from metarag.methods.runner import Runtime, run_many
-from metarag.records import Generate, Judge, Question, Trace
+from metarag.records import Generate, Judge, Question, Retrieve, Trace, Usage
 from metarag.train.rewards import ANSWER, INVALID, SEARCH
 
 GOLD = ("Paris",)
@@ -199,8 +199,8 @@ def test_the_analysis_table(probed_run, tmp_path):
     judge_run(probed_run, ScriptedLLM([("You review", YES)], name="judge"))
     unprobed = write_run(tmp_path / "run-unprobed", {"q1": renamed(searched_then_answered(b0=None, b1=None), "q1")},
                          method="search-r1")
-    other = write_run(tmp_path / "run-rag", {"q1": Trace("q1", "?", "standard-rag", (), answer="Paris")},
-                      method="standard-rag")
+    searched = Trace("q1", "?", "standard-rag", (Retrieve(Usage(), query="?", k=5, hits=()),), answer="Paris")
+    other = write_run(tmp_path / "run-rag", {"q1": searched}, method="standard-rag")
     text = format_agent_analysis([probed_run, unprobed, other])
     lines = {line.split(" | ")[0].strip("| "): line for line in text.splitlines() if line.startswith("| run-")}
     assert lines["run-probed"] == ("| run-probed | belief-agent | 4 | 50.0 | 0.75 | 0.25 | 0.25 | 33.3% of 3 "
@@ -209,6 +209,7 @@ def test_the_analysis_table(probed_run, tmp_path):
     assert "run-unprobed: not probed; belief-based rates need --set probe=true" in text
     assert "run-unprobed: no judged under-search rate yet (add --judge-llm SPEC)" in text
     assert "run-rag: no search-agent steps" in text
+    assert lines["run-rag"].startswith("| run-rag | standard-rag | 1 | 100.0 | 1.00 |")  # its retrieval is a search
     assert "1 trajectories without a final answer" in text
 
 

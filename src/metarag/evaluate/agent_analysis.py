@@ -28,7 +28,7 @@ from metarag.judges.under_search import (
     UnderSearchJudge,
     under_search_inputs,
 )
-from metarag.records import Judge, Question, Trace, to_plain
+from metarag.records import Judge, Question, Retrieve, Trace, to_plain
 from metarag.settings import settings_hash
 from metarag.train.rewards import ANSWER, INVALID, SEARCH, AgentStep, agent_steps, gap_rates
 
@@ -47,7 +47,8 @@ def run_steps(run: LoadedRun) -> list[tuple[AgentStep, ...]]:
 
 
 def agent_summary(run: LoadedRun, margin: float = 0.0) -> dict[str, Any]:
-    """One run's row: questions, Acc (mean EM, %, the paper's "Acc."), searches, invalid actions and
+    """One run's row: questions, Acc (mean EM, %, the paper's "Acc."), searches (an agent's SEARCH
+    actions; a baseline's retrieval calls), invalid actions and
     forced answers per question, the share of questions ending with an ANSWER step, and the
     belief-based rates (NaN without probed steps) with their step counts."""
     n = len(run.results)
@@ -56,13 +57,17 @@ def agent_summary(run: LoadedRun, margin: float = 0.0) -> dict[str, Any]:
     steps = run_steps(run)
     rates = gap_rates(steps, margin)
     flat = [s for trajectory in steps for s in trajectory]
+    agent = any(steps)
+    # a baseline row beside the agents (Standard RAG) searches too: its retrieval calls count as searches
+    searches = (sum(s.action == SEARCH for s in flat) if agent
+                else sum(isinstance(step, Retrieve) for r in run.results for step in r.trace.steps))
     return {"run": run.name, "method": run.settings.get("method"), "n": n,
             "acc": 100 * sum(r.scores.em for r in run.results) / n,
-            "searches": sum(s.action == SEARCH for s in flat) / n,
+            "searches": searches / n,
             "invalid": sum(s.action == INVALID for s in flat) / n,
             "forced": sum(s.forced for s in flat) / n,
             "answered": sum(bool(t) and t[-1].action == ANSWER for t in steps) / n,
-            "agent": any(steps), "margin": margin,
+            "agent": agent, "margin": margin,
             "under_search_rate": rates.under_search_rate, "over_search_rate": rates.over_search_rate,
             "answer_steps": rates.answer_steps, "search_steps": rates.search_steps, "unprobed": rates.unprobed}
 
