@@ -270,8 +270,7 @@ class LlamaCppLLM:
         reused = min(reusable, len(tokens) - 1)  # one token is always evaluated to produce fresh logits
         if chunk:
             reused = aligned_floor(reused, chunk)
-            llm._ctx.kv_cache_seq_rm(-1, reused, -1)
-        llm.n_tokens = reused
+        llm.n_tokens = reused  # Llama.eval drops the KV cache from n_tokens on
         try:
             for start, end in aligned_spans(reused, len(tokens), chunk):
                 llm.eval(tokens[start:end])
