@@ -37,8 +37,8 @@ from metarag.records import Generate, Judge, Question, Retrieve, Trace, Usage
 from metarag.train.rewards import ANSWER, INVALID, SEARCH
 
 GOLD = ("Paris",)
-YES = "Reason: the passages never name the city.\nVerdict: Yes"
-NO = "Reason: the first passage says it.\nVerdict: No"
+YES = "Verdict: Yes\nReason: the passages never name the city."
+NO = "Verdict: No\nReason: the first passage says it."
 
 
 def searched_then_answered(answer: str = "Paris", b0: float | None = -0.5, b1: float | None = 0.5) -> Trace:
@@ -95,6 +95,8 @@ def judged(reply: str, judge: UnderSearchJudge = UnderSearchJudge()):
     (YES, UNDER_SEARCH, 1.0), (NO, NOT_UNDER_SEARCH, 0.0),
     ("**Verdict:** no\nReason: enough", NOT_UNDER_SEARCH, 0.0),
     ("Yes. The nationality was never retrieved.", UNDER_SEARCH, 1.0),  # no label: the first word
+    ("Reason: the reason came first after all.\nVerdict: Yes", UNDER_SEARCH, 1.0),
+    ("Reason: a reason that runs on and ends inline. Verdict: No", NOT_UNDER_SEARCH, 0.0),
     ("Reason: hard to say\nVerdict: maybe", UNJUDGED, None),
     ("I cannot tell.", UNJUDGED, None),
 ])
@@ -106,6 +108,15 @@ def test_the_verdict_and_its_fallback(reply, verdict, score):
     assert isinstance(judge, Judge) and judge.name == "under-search" and judge.verdict == verdict
     assert judge.score == score and (judge.fallback is not None) == (verdict == UNJUDGED)
     assert set(judge.inputs) == {"question", "passages", "reasoning", "answer", "gold"}
+
+
+def test_the_prompt_asks_for_the_verdict_before_the_reason_and_the_reason_is_kept():
+    prompt = under_search_prompt(under_search_inputs(searched_then_answered(), GOLD))[0].content
+    assert prompt.index("Verdict: <") < prompt.index("Reason: <")
+    trace, _ = judged("Verdict: Yes\nReason: the passages never name the city. Verdict: Yes")
+    assert trace.steps[1].detail == "the passages never name the city."
+    cut, _ = judged("Verdict: No\nReason: the first passage names Paris as the capital and the agent")
+    assert cut.answer == NOT_UNDER_SEARCH  # a reason cut off by the token budget loses no verdict
 
 
 def test_the_judge_decodes_greedily_and_can_name_its_own_model(monkeypatch):

@@ -5,8 +5,12 @@ should have come before the answer. Post-hoc only: never a reward, never seen by
 Exactly the inputs the paper lists: the question, every passage retrieved before the answer, the
 reasoning just before answering, the final answer and the gold answer; never belief scores,
 candidates or rewards. Greedy (deterministic) decoding. The paper's prompt (its Figure 10) is an
-image: `UNDER_SEARCH_TASK` is ours, written to its criteria. Like every judge that asks a model it
-is a sub-policy (`judges/base.py`): it yields one Ask and the runner records it.
+image: `UNDER_SEARCH_TASK` is ours, written to its criteria. It asks for the verdict first and the
+reason after it: with the reason first, the embedded 1.5B's reason ran past the 96-token budget
+before the verdict line on up to 10 of 30 answers, which were then unjudged, and its reasons often
+contradicted the verdict that followed them, so reasoning first bought no visible consistency while
+losing a third of the verdicts. Like every judge that asks a model it is a sub-policy
+(`judges/base.py`): it yields one Ask and the runner records it.
 """
 from __future__ import annotations
 
@@ -19,7 +23,7 @@ from metarag.judges.base import Verdict
 from metarag.llm.base import Decoding
 from metarag.methods.actions import Action, Ask, Assess
 from metarag.methods.evidence import format_passages
-from metarag.parsing import labelled_fields, parse_yes_no
+from metarag.parsing import parse_yes_no
 from metarag.records import Hit, Message, Question, Trace
 from metarag.settings import check_ranges, setting
 from metarag.train.rewards import ANSWER, agent_steps
@@ -38,10 +42,12 @@ UNDER_SEARCH_TASK = (
     "answer depends on, an entity or attribute the question asks about was never retrieved, or the agent "
     "answered from evidence about a different entity or attribute (misused evidence). It is not "
     "under-search when the passages held what was needed and the agent reasoned about them wrongly.\n"
-    "Reply in exactly this form:\nReason: <one sentence>\nVerdict: <Yes if under-search, No if not>")
+    "Reply in exactly this form:\nVerdict: <Yes if under-search, No if not>\nReason: <one sentence>")
 NO_PASSAGES = "(none: the agent answered without searching)"
 NO_REASONING = "(none)"
 
+_VERDICT = re.compile(r"verdict[^\w\n]*[:\-][^\w\n]*(\w+)", re.IGNORECASE)
+_REASON = re.compile(r"reason[^\w\n]*:\s*(.*)", re.IGNORECASE | re.S)
 _ANSWER_TAG = re.compile(r"<answer>.*", re.S)
 _THINK_TAGS = re.compile(r"</?think>")
 
@@ -55,11 +61,13 @@ def under_search_prompt(inputs: Mapping[str, str]) -> tuple[Message, ...]:
 
 @dataclass(frozen=True)
 class UnderSearchJudge:
-    """Appendix G's judge. Verdict `under-search` or `not-under-search`, read from the reply's
-    `Verdict:` line (else its first word); a reply that gives neither is `unjudged`, recorded as a
-    fallback, and left out of the judged rate (never counted as either). `model` names the judge
-    model (the paper used GLM-5.1; e.g. "openai:MODEL@URL"); None asks the run's LLM. `max_tokens`:
-    room for one sentence of reason and the verdict line."""
+    """Appendix G's judge. Verdict `under-search` or `not-under-search`, read from the reply's first
+    `Verdict:` label, wherever it stands in the text (a small model sometimes writes it mid-line,
+    "... wrongly. Verdict: No"), else from the reply's first word; a reply that gives neither is
+    `unjudged`, recorded as a fallback, and left out of the judged rate (never counted as either).
+    `model` names the judge model (the paper used GLM-5.1; e.g. "openai:MODEL@URL"); None asks the
+    run's LLM. `max_tokens`: room for the verdict line and one sentence of reason (a reason cut
+    short loses no verdict)."""
 
     max_tokens: int = setting(96, ge=8)
     model: str | None = None
@@ -70,9 +78,10 @@ class UnderSearchJudge:
 
     def judge(self, inputs: Mapping[str, str]) -> Generator[Action, Any, Verdict]:
         out = yield Ask(self.name, under_search_prompt(inputs), Decoding(max_tokens=self.max_tokens), model=self.model)
-        fields = labelled_fields(out.text, ("verdict", "reason"))
-        said = parse_yes_no(fields["verdict"]) if "verdict" in fields else parse_yes_no(out.text)
-        reason = fields.get("reason", "")
+        label = _VERDICT.search(out.text)
+        said = parse_yes_no(label.group(1)) if label else parse_yes_no(out.text)
+        found = _REASON.search(out.text)
+        reason = " ".join(_VERDICT.split(found.group(1))[0].split()) if found else ""
         if said is None:
             return Verdict(UNJUDGED, None, detail=reason, fallback=f"no verdict in {out.text[:80]!r}")
         return Verdict(UNDER_SEARCH if said else NOT_UNDER_SEARCH, 1.0 if said else 0.0, detail=reason)
