@@ -63,6 +63,22 @@ def test_the_inputs_are_exactly_the_papers_five():
     assert "belief" not in prompt.lower() and "candidate" not in prompt.lower() and "-0.5" not in prompt
 
 
+def test_the_reasoning_is_the_latest_a_step_wrote_when_the_answer_step_has_none():
+    # search-r1's continuation: the think came before the search, the answer step is the bare tag
+    trace = trace_of(step_steps(0, SEARCH, text="<think>Need the capital.</think>\n<search> capital of France"),
+                     step_steps(1, ANSWER, text="<answer> Paris"), answer="Paris")
+    assert under_search_inputs(trace, GOLD)["reasoning"] == "Need the capital."
+    # the answer step's own reasoning wins over an earlier one
+    own = trace_of(step_steps(0, SEARCH, text="<think>Need the capital.</think>\n<search> capital"),
+                   step_steps(1, ANSWER, text="<think>It is Paris.</think><answer> Paris"), answer="Paris")
+    assert under_search_inputs(own, GOLD)["reasoning"] == "It is Paris."
+    # nothing anywhere: the prompt says so
+    bare = trace_of(step_steps(0, SEARCH, text="<search> capital"), step_steps(1, ANSWER, text="<answer> Paris"))
+    inputs = under_search_inputs(bare, GOLD)
+    assert inputs["reasoning"] == ""
+    assert "reasoning just before answering: (none)" in under_search_prompt(inputs)[0].content
+
+
 def test_passages_are_every_distinct_one_retrieved_before_the_answer():
     trace = trace_of(step_steps(0, SEARCH, hits=("p1", "p2", "p3")), step_steps(1, SEARCH, hits=("p3", "p7", "p1")),
                      step_steps(2, ANSWER), answer="Paris")

@@ -48,7 +48,7 @@ NO_REASONING = "(none)"
 
 _VERDICT = re.compile(r"verdict[^\w\n]*[:\-][^\w\n]*(\w+)", re.IGNORECASE)
 _REASON = re.compile(r"reason[^\w\n]*:\s*(.*)", re.IGNORECASE | re.S)
-_ANSWER_TAG = re.compile(r"<answer>.*", re.S)
+_ACTION_TAG = re.compile(r"<(?:answer|search)>.*", re.S)
 _THINK_TAGS = re.compile(r"</?think>")
 
 
@@ -89,7 +89,14 @@ class UnderSearchJudge:
 
 def under_search_inputs(trace: Trace, golds: Sequence[str]) -> dict[str, str] | None:
     """The judge's inputs for a search agent's trace, or None when it did not end with an ANSWER
-    step (a failed or cut-off trajectory has no answer to judge)."""
+    step (a failed or cut-off trajectory has no answer to judge).
+
+    "The reasoning just before answering" is the ANSWER step's text before its `<answer>` tag; when
+    the agent wrote none there, the latest earlier step's reasoning (its text before its action tag).
+    The paper's trained agents think at every turn, so for them the two readings agree; an untrained
+    `search-r1` often goes straight from `<information>` to `<answer>` (27 of 30 HotpotQA answers), and
+    with "(none)" in that place the embedded judge called 22 of those 27 under-search (and 2 of the 3
+    with reasoning not), so the final step's text alone would judge the missing `<think>`."""
     steps = agent_steps(trace)
     if not steps or steps[-1].action != ANSWER or trace.answer is None:
         return None
@@ -97,9 +104,14 @@ def under_search_inputs(trace: Trace, golds: Sequence[str]) -> dict[str, str] | 
     for hits in trace.retrieval_rounds():  # every retrieval precedes the final answer step
         for hit in hits:
             seen.setdefault(hit.passage.id, hit)
-    reasoning = _THINK_TAGS.sub(" ", _ANSWER_TAG.sub("", steps[-1].text))
+    reasoning = next((text for text in map(_reasoning, reversed(steps)) if text), "")
     return {"question": trace.question, "passages": format_passages(list(seen.values())),
-            "reasoning": " ".join(reasoning.split()), "answer": trace.answer, "gold": "; ".join(golds)}
+            "reasoning": reasoning, "answer": trace.answer, "gold": "; ".join(golds)}
+
+
+def _reasoning(step: Any) -> str:
+    """A step's reasoning: its text before its action tag, think tags dropped, whitespace joined."""
+    return " ".join(_THINK_TAGS.sub(" ", _ACTION_TAG.sub("", step.text)).split())
 
 
 class UnderSearchAudit:
