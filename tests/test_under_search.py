@@ -206,6 +206,7 @@ def test_the_judge_over_a_run_is_kept_and_not_asked_again(probed_run):
     assert len(llm.prompts) == 3  # q4 failed before answering: nothing to judge
     rate = judged_rate(probed_run, path)
     assert (rate.judged, rate.under_search, rate.unjudged, rate.no_answer) == (2, 1, 1, 1)
+    assert rate.groups == (("searched", 0, 1), ("never searched", 1, 1), ("right (EM)", 0, 1), ("wrong", 1, 1))
     assert rate.rate == pytest.approx(0.5) and rate.judge_model == "scripted:judge"
     # a second report with the same judge asks nothing new (a judge that cannot answer proves it)
     silent = ScriptedLLM([], name="judge")
@@ -229,7 +230,10 @@ def test_the_analysis_table(probed_run, tmp_path):
     searched = Trace("q1", "?", "standard-rag", (Retrieve(Usage(), query="?", k=5, hits=()),), answer="Paris")
     other = write_run(tmp_path / "run-rag", {"q1": searched}, method="standard-rag")
     text = format_agent_analysis([probed_run, unprobed, other])
-    lines = {line.split(" | ")[0].strip("| "): line for line in text.splitlines() if line.startswith("| run-")}
+    lines: dict[str, str] = {}  # each run's row of the first table
+    for line in text.splitlines():
+        if line.startswith("| run-"):
+            lines.setdefault(line.split(" | ")[0].strip("| "), line)
     assert lines["run-probed"] == ("| run-probed | belief-agent | 4 | 50.0 | 0.75 | 0.25 | 0.25 | 33.3% of 3 "
                                    "| 33.3% of 3 | 100.0% of 3 (scripted:judge) |")
     assert lines["run-unprobed"].endswith("| – | – | – |")
@@ -238,6 +242,9 @@ def test_the_analysis_table(probed_run, tmp_path):
     assert "run-rag: no search-agent steps" in text
     assert lines["run-rag"].startswith("| run-rag | standard-rag | 1 | 100.0 | 1.00 |")  # its retrieval is a search
     assert "1 trajectories without a final answer" in text
+    # the check of what the judge measures: q1, q3 searched and right; q2 answered Lyon without searching
+    assert "| run | judge | searched | never searched | right (EM) | wrong |" in text
+    assert "| run-probed | scripted:judge | 2 of 2 | 1 of 1 | 2 of 2 | 1 of 1 |" in text
 
 
 def test_report_analysis_agent_on_the_command_line(probed_run, monkeypatch, capsys, tmp_path):

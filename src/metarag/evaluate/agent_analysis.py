@@ -77,17 +77,24 @@ def agent_summary(run: LoadedRun, margin: float = 0.0) -> dict[str, Any]:
 class JudgedRate:
     """The judge's verdicts over a run: under-search share of the judged answers (NaN if none),
     with how many were judged, how many were not (an unreadable reply or a failed request) and
-    which trajectories had no final answer to judge."""
+    which trajectories had no final answer to judge. `groups`: (group, under-search, judged) for the
+    judged answers split by trajectory (GROUPS: searched or not, answer right or wrong by EM), the
+    check of what the judge measures: one that measures under-search flags wrong answers given
+    without searching most, and a right answer from retrieved evidence least."""
 
     judge_model: str
     judged: int
     under_search: int
     unjudged: int
     no_answer: int
+    groups: tuple[tuple[str, int, int], ...] = ()
 
     @property
     def rate(self) -> float:
         return self.under_search / self.judged if self.judged else math.nan
+
+
+GROUPS = ("searched", "never searched", "right (EM)", "wrong")
 
 
 def judge_files(run: LoadedRun) -> list[Path]:
@@ -147,6 +154,7 @@ def judged_rate(run: LoadedRun, path: Path) -> JudgedRate:
         judges = [s for s in trace.steps if isinstance(s, Judge) and s.name == UnderSearchJudge.name]
         verdicts[trace.question_id] = judges[-1].verdict if judges and trace.error is None else None
     judged = under = unjudged = no_answer = 0
+    groups = {name: [0, 0] for name in GROUPS}
     for r in run.results:
         if under_search_inputs(r.trace, r.golds) is None:
             no_answer += 1
@@ -155,9 +163,14 @@ def judged_rate(run: LoadedRun, path: Path) -> JudgedRate:
         if verdict in (UNDER_SEARCH, NOT_UNDER_SEARCH):
             judged += 1
             under += verdict == UNDER_SEARCH
+            searched = any(True for _ in r.trace.retrieval_rounds())
+            for name in (GROUPS[0] if searched else GROUPS[1], GROUPS[2] if r.scores.em else GROUPS[3]):
+                groups[name][0] += verdict == UNDER_SEARCH
+                groups[name][1] += 1
         else:
             unjudged += 1
-    return JudgedRate(model, judged, under, unjudged, no_answer)
+    return JudgedRate(model, judged, under, unjudged, no_answer,
+                      tuple((name, u, n) for name, (u, n) in groups.items()))
 
 
 # ---------------------------------------------------------------------------------- report
@@ -168,8 +181,11 @@ def format_agent_analysis(runs: Sequence[LoadedRun], margin: float = 0.0) -> str
              "| run | method | n | Acc (EM) | searches/q | invalid/q | forced/q | belief over-search "
              "| belief under-search | judged under-search |", "|---|---|---|---|---|---|---|---|---|---|"]
     notes = []
+    checks = []
     for run, row in zip(runs, rows):
         judged = [judged_rate(run, path) for path in judge_files(run)]
+        checks += [f"| {row['run']} | {j.judge_model} | "
+                   + " | ".join(f"{u} of {n}" for _, u, n in j.groups) + " |" for j in judged]
         judged_cell = "; ".join(f"{_pct(j.rate)} of {j.judged} ({j.judge_model})" for j in judged) or "–"
         over = f"{_pct(row['over_search_rate'])} of {row['search_steps']}" if row["search_steps"] else "–"
         under = f"{_pct(row['under_search_rate'])} of {row['answer_steps']}" if row["answer_steps"] else "–"
@@ -188,6 +204,10 @@ def format_agent_analysis(runs: Sequence[LoadedRun], margin: float = 0.0) -> str
     lines += ["", f"Belief-based rates at margin m = {margin:g}: over-search = share of SEARCH steps with b > m, "
                   "under-search = share of ANSWER steps with b < −m (probed steps, pooled over questions). "
                   "Judged: share of final answers the external judge says needed another search (Appendix G)."]
+    if checks:
+        lines += ["", "Judged under-search by trajectory (what the judge measures: one that measures under-search "
+                      "flags wrong answers given without searching most):", "",
+                  "| run | judge | " + " | ".join(GROUPS) + " |", "|---|---|" + "---|" * len(GROUPS)] + checks
     if notes:
         lines += [""] + notes
     return "\n".join(lines)
