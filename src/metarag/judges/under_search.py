@@ -23,7 +23,7 @@ from metarag.judges.base import Verdict
 from metarag.llm.base import Decoding
 from metarag.methods.actions import Action, Ask, Assess
 from metarag.methods.evidence import format_passages
-from metarag.parsing import parse_yes_no
+from metarag.parsing import labelled_fields, parse_yes_no
 from metarag.records import Hit, Message, Question, Trace
 from metarag.settings import check_ranges, setting
 from metarag.train.rewards import ANSWER, agent_steps
@@ -47,7 +47,6 @@ NO_PASSAGES = "(none: the agent answered without searching)"
 NO_REASONING = "(none)"
 
 _VERDICT = re.compile(r"verdict[^\w\n]*[:\-][^\w\n]*(\w+)", re.IGNORECASE)
-_REASON = re.compile(r"reason[^\w\n]*:\s*(.*)", re.IGNORECASE | re.S)
 _ACTION_TAG = re.compile(r"<(?:answer|search)>.*", re.S)
 _THINK_TAGS = re.compile(r"</?think>")
 
@@ -80,8 +79,7 @@ class UnderSearchJudge:
         out = yield Ask(self.name, under_search_prompt(inputs), Decoding(max_tokens=self.max_tokens), model=self.model)
         label = _VERDICT.search(out.text)
         said = parse_yes_no(label.group(1)) if label else parse_yes_no(out.text)
-        found = _REASON.search(out.text)
-        reason = " ".join(_VERDICT.split(found.group(1))[0].split()) if found else ""
+        reason = _VERDICT.split(labelled_fields(out.text, ("reason",)).get("reason", ""))[0].strip()
         if said is None:
             return Verdict(UNJUDGED, None, detail=reason, fallback=f"no verdict in {out.text[:80]!r}")
         return Verdict(UNDER_SEARCH if said else NOT_UNDER_SEARCH, 1.0 if said else 0.0, detail=reason)
