@@ -274,3 +274,26 @@ def test_the_judge_settings_are_ranged():
 
     with pytest.raises(ConfigError, match="max_tokens' must be >= 8"):
         UnderSearchJudge(max_tokens=2)
+
+
+def test_the_judge_model_can_reuse_its_kv_cache_exactly(probed_run, monkeypatch, capsys, tmp_path):
+    import metarag.methods.runner as runner
+
+    seen = {}
+
+    def build(spec, **fields):
+        seen.update(fields, spec=spec)
+        return ScriptedLLM([("You review", NO)], name=spec)
+
+    monkeypatch.setattr(runner, "build_named_llm", build)
+    csv = ["--csv", str(tmp_path / "r.csv")]
+    assert main(["report", str(probed_run.path), "--analysis", "agent", "--judge-llm", "embedded",
+                 "--judge-prefix-chunk", "32", *csv]) == 0
+    assert seen == {"spec": "embedded", "prefix_chunk": 32}
+    monkeypatch.undo()
+    # the setting reaches the spec, which refuses it for a back-end that is not llama.cpp (nothing loads)
+    code = main(["report", str(probed_run.path), "--analysis", "agent", "--judge-llm", "hf",
+                 "--judge-prefix-chunk", "32", *csv])
+    assert code == 1 and "--prefix-chunk is a llama.cpp setting; --llm hf does not take it" in capsys.readouterr().err
+    code = main(["report", str(probed_run.path), "--analysis", "agent", "--judge-prefix-chunk", "32", *csv])
+    assert code == 1 and "--judge-prefix-chunk sets the model of --judge-llm; give both" in capsys.readouterr().err

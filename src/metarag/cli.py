@@ -104,6 +104,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="with --analysis agent: run the external under-search judge (belief-action paper, "
                          "Appendix G) with this model over each run's final answers first; its verdicts are kept "
                          "in the run folder (under-search-<id>.jsonl) and reported from then on")
+    rp.add_argument("--judge-prefix-chunk", type=int, default=0, metavar="C",
+                    help="--prefix-chunk for a llama.cpp --judge-llm (exact KV-cache reuse: a verdict does not "
+                         "depend on what the judge read before; a new judge id, so verdicts are judged anew)")
     rp.add_argument("--analysis-plots", default=None, metavar="DIR",
                     help="with --analysis evoctx: also draw Figure 4 (trace vs oracle margin) and Figure 3 "
                          "(RETRIEVE ratio vs question-answer distance) of each run as PNGs in DIR")
@@ -491,13 +494,16 @@ def cmd_report(args: argparse.Namespace) -> int:
         raise_config("--analysis-plots draws the figures of --analysis evoctx; give both")
     if args.judge_llm and args.analysis != "agent":
         raise_config("--judge-llm runs the under-search judge of --analysis agent; give both")
+    if args.judge_prefix_chunk and not args.judge_llm:
+        raise_config("--judge-prefix-chunk sets the model of --judge-llm; give both")
     if args.analysis == "agent":
         from metarag.evaluate.agent_analysis import format_agent_analysis, judge_run
 
         if args.judge_llm:
             from metarag.methods.runner import build_named_llm
 
-            judge_llm = build_named_llm(args.judge_llm)
+            chunk = args.judge_prefix_chunk
+            judge_llm = build_named_llm(args.judge_llm, **({"prefix_chunk": chunk} if chunk else {}))
             for run in runs:
                 print(f"under-search judge: {judge_run(run, judge_llm)}")
         print()

@@ -116,12 +116,13 @@ class Runtime:
         return llm
 
 
-def build_named_llm(spec: str) -> LLM:
+def build_named_llm(spec: str, **fields: Any) -> LLM:
     """The LLM a spec string names (`metarag.llm.registry`: "embedded-0.5b", "hf:PATH",
-    "openai:MODEL@URL" ...); this is where it loads."""
-    from metarag.llm.registry import make_llm
+    "openai:MODEL@URL" ...), `fields` setting the rest of its `LLMSpec` (e.g. `prefix_chunk`); this
+    is where it loads."""
+    from metarag.llm.registry import make_llm, parse_llm_spec
 
-    return make_llm(spec)
+    return make_llm(parse_llm_spec(spec, **fields))
 
 
 def check_needs(method: Method, llm: LLM) -> None:
