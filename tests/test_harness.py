@@ -357,3 +357,20 @@ def test_passages_per_question_counts_each_passage_once(tmp_path):
         store.append(QuestionResult("q0", ("x",), "x", AnswerScores(1, 1, 1, 1, 1), None, None, trace), handle)
     _, rows = report_table([load_run(store.path)])
     assert rows[0]["passages/q"] == 3.0 and rows[0]["retr/q"] == 2.0
+
+
+def test_report_by_type_reads_the_types_from_the_runs_dataset(tmp_path, capsys):
+    data = write_hotpot(tmp_path / "hotpot.json")
+    records = json.loads(data.read_text())
+    for record in records[:2]:
+        record["type"] = "comparison"
+    data.write_text(json.dumps(records))
+    cfg = EvalConfig(method="standard-rag", dataset=DatasetSpec(file=str(data)), runs_dir=str(tmp_path / "runs"))
+    store, _ = evaluate(cfg, progress=False, llm=ScriptedLLM([], default="Paris"))  # right on q0 only
+    assert main(["report", str(store.path), "--csv", "", "--columns", "method,EM", "--by-type"]) == 0
+    out = capsys.readouterr().out
+    assert "| method | bridge (4) | comparison (2) | all (6) |" in out
+    assert "| standard-rag | 0.00 | 50.00 | 16.67 |" in out
+    data.unlink()  # the dataset gone: one line naming it
+    assert main(["report", str(store.path), "--csv", "", "--by-type"]) == 1
+    assert "hotpot.json" in capsys.readouterr().err

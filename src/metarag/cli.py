@@ -96,6 +96,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "answered by the model, cached = by the response cache)")
     rp.add_argument("--breakdown", action="store_true",
                     help="also print each run's judge verdicts and decisions (study Table 2)")
+    rp.add_argument("--by-type", action="store_true",
+                    help="also print EM per question type (MuSiQue's hops, MultiHop-RAG's query types, HotpotQA's "
+                         "bridge / comparison), the types read from the runs' dataset")
     rp.add_argument("--analysis", choices=("evoctx", "agent"), default=None,
                     help="method-specific analyses: evoctx (oracle agreement, action allocation versus "
                          "question-answer distance, confidence across rounds); agent (search-r1 / belief-agent: "
@@ -452,7 +455,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     from metarag.evaluate.cost import load_price_table
-    from metarag.evaluate.report import breakdown, load_run, plot_runs, report_table, write_csv
+    from metarag.evaluate.report import breakdown, by_type, load_run, plot_runs, report_table, write_csv
     from metarag.paths import check_folder
 
     for path in [*args.runs, *filter(None, [args.baseline])]:
@@ -485,6 +488,9 @@ def cmd_report(args: argparse.Namespace) -> int:
         for run in runs:
             print()
             print(breakdown(run))
+    if args.by_type:
+        print()
+        print(by_type(runs))
     if args.csv:
         write_csv(rows, args.csv)
         print(f"csv: {args.csv}")

@@ -291,6 +291,51 @@ def breakdown(run: LoadedRun) -> str:
     return "\n".join(lines)
 
 
+def question_types(run: LoadedRun) -> dict[str, str]:
+    """Each question's type as its dataset gives it (MuSiQue's hop count, e.g. "3hop1"; MultiHop-RAG's
+    query type; HotpotQA's bridge / comparison), read again from the dataset the run's settings name
+    (the whole file: a question's type does not depend on the sample); "(none)" where it has none."""
+    from metarag.evaluate.harness import DatasetSpec, load_questions
+
+    saved = run.settings.get("dataset") or {}
+    names = ("preset", "file", "corpus", "allow_unanswerable") + (() if saved.get("preset") else ("format",))
+    spec = DatasetSpec(**{k: saved[k] for k in names if saved.get(k) is not None})  # the settings record
+    # a preset's resolved format too, which the preset itself sets
+    if not (spec.preset or spec.file):
+        raise DataError("the run's settings name no dataset", path=str(run.path / "settings.json"))
+    types = {q.id: q.type or "(none)" for q in load_questions(spec).questions}
+    missing = [q for q in run.question_ids if q not in types]
+    if missing:
+        raise DataError(f"{len(missing)} of the run's questions (first {missing[0]!r}) are not in its dataset "
+                        f"{spec.label()!r} any more", path=str(run.path))
+    return types
+
+
+def by_type(runs: Sequence[LoadedRun], metric: str = "em") -> str:
+    """A table of `metric` (percent) per question type, one row per run: where each method wins or
+    loses (MuSiQue by hops, MultiHop-RAG by query type). Types come from the first run's dataset (the
+    report's runs share their questions); the header gives each type's question count."""
+    if not runs:
+        return ""
+    types = question_types(runs[0])
+    order = Counter(types[q] for q in runs[0].question_ids)
+    if set(order) == {"(none)"}:
+        return f"{runs[0].name}: the dataset gives its questions no types"
+    names = sorted(order)
+    head = [f"{t} ({order[t]})" for t in names] + [f"all ({sum(order.values())})"]
+    lines = [f"### {metric.upper()} by question type", "", "| method | " + " | ".join(head) + " |",
+             "|---|" + "---|" * len(head)]
+    for run in runs:
+        scored: dict[str, list[float]] = {t: [] for t in names}
+        for r in run.results:
+            scored[types.get(r.question_id, "(none)")].append(getattr(r.scores, metric))
+        cells = [_fmt(100 * sum(v) / len(v)) if v else "–" for v in scored.values()]
+        done = [x for v in scored.values() for x in v]
+        cells.append(_fmt(100 * sum(done) / len(done)) if done else "–")
+        lines.append(f"| {method_label(run.settings) or run.name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def write_csv(rows: list[dict], path: str | Path) -> None:
     columns: list[str] = []
     for row in rows:
