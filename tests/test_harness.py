@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -371,6 +372,11 @@ def test_report_by_type_reads_the_types_from_the_runs_dataset(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "| method | bridge (4) | comparison (2) | all (6) |" in out
     assert "| standard-rag | 0.00 | 50.00 | 16.67 |" in out
+    # two runs of one method: named by the setting they differ in, as in the main table
+    other, _ = evaluate(replace(cfg, overrides={"k": "1"}), progress=False, llm=ScriptedLLM([], default="Paris"))
+    assert main(["report", str(store.path), str(other.path), "--csv", "", "--by-type"]) == 0
+    out = capsys.readouterr().out
+    assert "| standard-rag (k=5) | 0.00 | 50.00 | 16.67 |" in out and "| standard-rag (k=1) | 0.00 | 50.00 |" in out
     data.unlink()  # the dataset gone: one line naming it
     assert main(["report", str(store.path), "--csv", "", "--by-type"]) == 1
     assert "hotpot.json" in capsys.readouterr().err

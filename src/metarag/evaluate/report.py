@@ -325,14 +325,16 @@ def by_type(runs: Sequence[LoadedRun], metric: str = "em") -> str:
     head = [f"{t} ({order[t]})" for t in names] + [f"all ({sum(order.values())})"]
     lines = [f"### {metric.upper()} by question type", "", "| method | " + " | ".join(head) + " |",
              "|---|" + "---|" * len(head)]
-    for run in runs:
+    labels = [{"method": method_label(run.settings) or run.name} for run in runs]
+    tell_apart(labels, runs)  # the main table's row names
+    for run, label in zip(runs, labels):
         scored: dict[str, list[float]] = {t: [] for t in names}
         for r in run.results:
             scored[types.get(r.question_id, "(none)")].append(getattr(r.scores, metric))
         cells = [_fmt(100 * sum(v) / len(v)) if v else "–" for v in scored.values()]
         done = [x for v in scored.values() for x in v]
         cells.append(_fmt(100 * sum(done) / len(done)) if done else "–")
-        lines.append(f"| {method_label(run.settings) or run.name} | " + " | ".join(cells) + " |")
+        lines.append(f"| {label['method']} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
