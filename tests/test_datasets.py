@@ -396,3 +396,15 @@ def test_demo_preset():
     assert ds.unmapped_support == 0
     pool = pool_by_id(ds)
     assert all(len(q.supporting_ids) >= 2 and all(i in pool for i in q.supporting_ids) for q in ds.questions)
+
+
+def test_a_runs_saved_settings_name_its_whole_dataset(data):
+    from metarag.evaluate.harness import run_dataset
+
+    # as the harness saves a preset: with the preset's own format, and the run's sample
+    saved = {"dataset": {"preset": "musique-train100", "file": None, "format": "musique", "corpus": None,
+                         "limit": 30, "seed": 0}}
+    ds = run_dataset(saved)
+    assert len(ds.questions) == 100 and {q.type for q in ds.questions} >= {"2hop", "3hop1"}
+    with pytest.raises(DataError, match="settings.json: the run's settings name no dataset"):
+        run_dataset({"method": "x"}, "settings.json")

@@ -250,7 +250,7 @@ def test_the_analysis_table(probed_run, tmp_path):
 def test_report_analysis_agent_on_the_command_line(probed_run, monkeypatch, capsys, tmp_path):
     import metarag.methods.runner as runner
 
-    monkeypatch.setattr(runner, "build_named_llm", lambda spec: ScriptedLLM([("You review", NO)], name=spec))
+    monkeypatch.setattr(runner, "build_named_llm", lambda spec, **_: ScriptedLLM([("You review", NO)], name=spec))
     code = main(["report", str(probed_run.path), "--analysis", "agent", "--judge-llm", "glm",
                  "--csv", str(tmp_path / "r.csv")])
     out = capsys.readouterr().out

@@ -458,6 +458,12 @@ def cmd_report(args: argparse.Namespace) -> int:
     from metarag.evaluate.report import breakdown, by_type, load_run, plot_runs, report_table, write_csv
     from metarag.paths import check_folder
 
+    if args.analysis_plots and args.analysis != "evoctx":
+        raise_config("--analysis-plots draws the figures of --analysis evoctx; give both")
+    if args.judge_llm and args.analysis != "agent":
+        raise_config("--judge-llm runs the under-search judge of --analysis agent; give both")
+    if args.judge_prefix_chunk and not args.judge_llm:
+        raise_config("--judge-prefix-chunk sets the model of --judge-llm; give both")
     for path in [*args.runs, *filter(None, [args.baseline])]:
         if not (Path(path) / "settings.json").is_file():
             raise_config(f"{path!r} is not a run folder (runs/<run-id>, holding the settings.json that metarag "
@@ -496,20 +502,13 @@ def cmd_report(args: argparse.Namespace) -> int:
         print(f"csv: {args.csv}")
     if args.plot:
         print(f"plot: {plot_runs(rows, args.plot)}")
-    if args.analysis_plots and args.analysis != "evoctx":
-        raise_config("--analysis-plots draws the figures of --analysis evoctx; give both")
-    if args.judge_llm and args.analysis != "agent":
-        raise_config("--judge-llm runs the under-search judge of --analysis agent; give both")
-    if args.judge_prefix_chunk and not args.judge_llm:
-        raise_config("--judge-prefix-chunk sets the model of --judge-llm; give both")
     if args.analysis == "agent":
         from metarag.evaluate.agent_analysis import format_agent_analysis, judge_run
 
         if args.judge_llm:
             from metarag.methods.runner import build_named_llm
 
-            chunk = args.judge_prefix_chunk
-            judge_llm = build_named_llm(args.judge_llm, **({"prefix_chunk": chunk} if chunk else {}))
+            judge_llm = build_named_llm(args.judge_llm, prefix_chunk=args.judge_prefix_chunk)
             for run in runs:
                 print(f"under-search judge: {judge_run(run, judge_llm)}")
         print()

@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from metarag import __version__
 from metarag.errors import BackendError, ConfigError, DataError
@@ -96,6 +97,18 @@ def load_questions(spec: DatasetSpec):
             raise ConfigError("--limit must be at least 1")
         dataset = sample(dataset, spec.limit, spec.seed)
     return dataset
+
+
+def run_dataset(settings: Mapping[str, Any], path: str | None = None):
+    """The whole dataset (not the run's sample) that a run's saved `settings.json` names: what a run
+    folder does not keep of its questions (type, hops, supporting passages) is read from it. The
+    saved format of a preset is the preset's own, so only a file's format is passed on. `path` (the
+    settings file) is named when they name no dataset."""
+    saved = settings.get("dataset") if isinstance(settings.get("dataset"), Mapping) else {}
+    if not (saved.get("preset") or saved.get("file")):
+        raise DataError("the run's settings name no dataset", path=path)
+    names = ("preset", "file", "corpus", "allow_unanswerable") + (() if saved.get("preset") else ("format",))
+    return load_questions(DatasetSpec(**{k: saved[k] for k in names if saved.get(k) is not None}))
 
 
 def prepare(config: EvalConfig):

@@ -293,21 +293,16 @@ def breakdown(run: LoadedRun) -> str:
 
 def question_types(run: LoadedRun) -> dict[str, str]:
     """Each question's type as its dataset gives it (MuSiQue's hop count, e.g. "3hop1"; MultiHop-RAG's
-    query type; HotpotQA's bridge / comparison), read again from the dataset the run's settings name
-    (the whole file: a question's type does not depend on the sample); "(none)" where it has none."""
-    from metarag.evaluate.harness import DatasetSpec, load_questions
+    query type; HotpotQA's bridge / comparison), from the whole dataset the run names
+    (`harness.run_dataset`); "(none)" where it has none."""
+    from metarag.evaluate.harness import run_dataset
 
-    saved = run.settings.get("dataset") or {}
-    names = ("preset", "file", "corpus", "allow_unanswerable") + (() if saved.get("preset") else ("format",))
-    spec = DatasetSpec(**{k: saved[k] for k in names if saved.get(k) is not None})  # the settings record
-    # a preset's resolved format too, which the preset itself sets
-    if not (spec.preset or spec.file):
-        raise DataError("the run's settings name no dataset", path=str(run.path / "settings.json"))
-    types = {q.id: q.type or "(none)" for q in load_questions(spec).questions}
+    dataset = run_dataset(run.settings, str(run.path / "settings.json"))
+    types = {q.id: q.type or "(none)" for q in dataset.questions}
     missing = [q for q in run.question_ids if q not in types]
     if missing:
         raise DataError(f"{len(missing)} of the run's questions (first {missing[0]!r}) are not in its dataset "
-                        f"{spec.label()!r} any more", path=str(run.path))
+                        f"{dataset.name!r} any more", path=str(run.path))
     return types
 
 

@@ -235,16 +235,12 @@ def dataset_info(settings: dict) -> DatasetInfo:
 
 
 def _load_dataset_info(spec: dict) -> DatasetInfo:
-    from metarag.data.datasets import load_dataset, resolve_preset
+    from metarag.evaluate.harness import run_dataset
 
+    if not (spec.get("preset") or spec.get("file")):
+        return DatasetInfo(note="the run's settings name no dataset: no question types or supporting flags")
     try:
-        if spec.get("preset"):
-            dataset = resolve_preset(spec["preset"], allow_unanswerable=bool(spec.get("allow_unanswerable")))
-        elif spec.get("file"):
-            dataset = load_dataset(spec["file"], spec.get("format"), corpus=spec.get("corpus"),
-                                   allow_unanswerable=bool(spec.get("allow_unanswerable")))
-        else:
-            return DatasetInfo(note="the run's settings name no dataset: no question types or supporting flags")
+        dataset = run_dataset({"dataset": spec})
     except (MetaRAGError, OSError, ValueError) as exc:
         return DatasetInfo(note=f"the run's dataset cannot be read ({_one_line(str(exc))}): no question types or "
                                 "supporting flags")
