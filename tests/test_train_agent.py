@@ -75,7 +75,12 @@ def test_search_r1_sequence_masks_exactly_the_information_block():
     assert [i for i, m in zip(sample.completion_ids, sample.env_mask) if m] == generated
     assert [lp for lp, m in zip(sample.logprobs, sample.env_mask) if m] == [t.logprob for g in generations
                                                                             for t in g.logprobs]
-    assert all(math.isnan(lp) for lp, m in zip(sample.logprobs, sample.env_mask) if not m)
+    # injected tokens carry log-prob 0.0, never NaN (TRL's importance correction reads them)
+    assert all(lp == 0.0 for lp, m in zip(sample.logprobs, sample.env_mask) if not m)
+    # one growing transcript: positions count on from the prompt, never restart
+    assert list(sample.positions) == list(range(len(sample.prompt_ids), len(sample.prompt_ids)
+                                                + len(sample.completion_ids)))
+    assert not sample.packed
     assert [sample.env_mask[a:b] for a, b in sample.spans] == [(1,) * len(g.logprobs) for g in generations]
     # mask 0 exactly on the injected <information> block, which is what step 1's prompt adds
     hits = next(s for s in trace.steps if isinstance(s, Retrieve)).hits
@@ -100,6 +105,12 @@ def test_belief_agent_rebuilt_prompt_is_masked_as_a_fresh_prompt():
     rebuilt = llm.tokenize(llm.render(generations[1].prompt))
     assert list(sample.completion_ids[start - len(rebuilt):start]) == rebuilt
     assert set(sample.env_mask[start - len(rebuilt):start]) == {0}
+    # the rebuilt prompt starts a segment of its own: positions from 0 through step 1's output
+    assert sample.packed
+    end = sample.spans[1][1]
+    assert list(sample.positions[start - len(rebuilt):end]) == list(range(end - start + len(rebuilt)))
+    first = sample.spans[0]
+    assert list(sample.positions[:first[1]]) == list(range(len(sample.prompt_ids), len(sample.prompt_ids) + first[1]))
 
 
 # ---------------------------------------------------------------------------- rollouts, tiny model

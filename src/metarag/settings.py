@@ -102,8 +102,23 @@ def check_ranges(settings: Any, owner: str | None = None) -> None:
     `__post_init__`, so no out-of-range value is ever constructed. Errors read
     `"<owner> setting 'k' must be >= 1, got -1"` (owner: the class name unless given)."""
     owner = owner or type(settings).__name__
+    choices = _literal_choices(type(settings))
     for field in dataclasses.fields(settings):
-        check_field(field, getattr(settings, field.name), f"{owner} setting {field.name!r}")
+        value = getattr(settings, field.name)
+        check_field(field, value, f"{owner} setting {field.name!r}")
+        if field.name in choices and value not in choices[field.name]:
+            raise ConfigError(f"{owner} setting {field.name!r} must be one of "
+                              f"{', '.join(map(str, choices[field.name]))}, got {value!r}")
+
+
+@functools.lru_cache(maxsize=None)
+def _literal_choices(cls: type) -> dict[str, tuple]:
+    """The choices of each `Literal`-typed field of a settings class (annotations resolved once)."""
+    try:
+        hints = typing.get_type_hints(cls)
+    except (NameError, TypeError):  # an annotation that does not resolve: no choices to check
+        return {}
+    return {name: typing.get_args(tp) for name, tp in hints.items() if typing.get_origin(tp) is typing.Literal}
 
 
 def convert(raw: Any, tp: Any, what: str) -> Any:

@@ -34,7 +34,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from metarag.errors import BackendError, ConfigError, DataError, MissingDependency, close_matches
 from metarag.records import Generate, Question, Trace
@@ -56,18 +56,31 @@ LAYOUTS = (TOKEN_EXACT, TEXT_CONTINUED, FRESH_PROMPT)
 @dataclass(frozen=True)
 class AgentTrainSettings:
     """GRPO on the search agent, with the belief-action paper's settings (Qi et al., 2026, §4.1,
-    Appendix D.1): actor lr 1e-6, KL coefficient 0.001, rollout group G = 5, at most T = 4 turns,
-    512 response tokens per step, a 4,096-token prompt, top-3 passages, rollout temperature 1.0.
+    Appendix D.1): actor lr 1e-6, KL coefficient 0.001 (the k3 "low-var" estimator, verl's and TRL's),
+    rollout group G = 5, at most T = 4 turns, 512 response tokens per step, a 4,096-token prompt,
+    top-3 passages, rollout temperature 1.0.
 
     Ours, where the paper's setting does not fit a CPU: `questions_per_step` 1 (the paper's batch is
     256 questions), `steps` 10 (the paper runs 400 iterations), LoRA (`lora` None: on when training
     on the CPU, full fine-tuning on a GPU) with r 16 / alpha 32 / dropout 0.05 (PEFT's usual values;
     the paper trains every weight), `save_every` 5 steps, a constant learning rate (verl's default).
-    `loss_type` "grpo" is the GRPO objective (TRL's default is DAPO's token-level loss).
-    `time_budget_s` 0: no limit; else training stops (and saves) after that many seconds.
+    `loss_type` "dapo": the token mean over the whole generation batch, as Search-R1's and verl's
+    `loss_agg_mode=token-mean` (TRL's default too); "grpo" (the mean per sequence, then over
+    sequences) and TRL's others are settings. `precision` "auto": on a GPU "bf16-autocast" — float32
+    master weights and optimizer state, the forward and backward under bf16 autocast (verl's FSDP
+    mixed precision; Adam's update at lr 1e-6 is below bf16's resolution for most weights, so pure
+    "bf16" weights would not move); on the CPU "fp32". "bf16" is kept as a setting for the test that
+    shows it does not train. `vllm` "off": rollouts generate with the transformers back-end;
+    "colocate" / "server" generate through TRL's vLLM (the server at `vllm_server_url`), with
+    `vllm_gpu_memory_utilization` of each GPU for a colocated engine (TRL's default 0.3).
+    `time_budget_s` 0: no limit; else training stops (and saves) after that many seconds, measured on
+    the main process and broadcast, so every process stops after the same step.
     `gradient_checkpointing` on and `attn_implementation` "sdpa" for the training passes: a rollout's
     sequence runs to thousands of tokens, and eager attention keeps an n × n matrix per head and layer
-    for the backward pass (a 0.5B step on a 2,000-token belief-agent rollout ran out of 23 GB)."""
+    for the backward pass (a 0.5B step on a 2,000-token belief-agent rollout ran out of 23 GB).
+    search-r1 takes `max_turns` as Search-R1's trainer does (`max_turns` search turns, then one final
+    answer turn: T = max_turns + 1 generations); belief-agent's T = max_turns counts the forced answer
+    (the paper's agent)."""
 
     method: str = "belief-agent"
     reward: str = "belief"
@@ -85,7 +98,11 @@ class AgentTrainSettings:
     lora_r: int = setting(16, ge=1)
     lora_alpha: int = setting(32, ge=1)
     lora_dropout: float = setting(0.05, ge=0, lt=1)
-    loss_type: str = "grpo"
+    loss_type: Literal["dapo", "grpo", "bnpo", "dr_grpo"] = "dapo"
+    precision: Literal["auto", "fp32", "bf16-autocast", "bf16"] = "auto"
+    vllm: Literal["off", "colocate", "server"] = "off"
+    vllm_server_url: str = "http://localhost:8000"
+    vllm_gpu_memory_utilization: float = setting(0.3, gt=0, le=1)
     gradient_checkpointing: bool = True
     attn_implementation: str = "sdpa"
     save_every: int = setting(5, ge=1)
@@ -103,7 +120,18 @@ class AgentTrainSettings:
 
     def method_overrides(self) -> dict[str, Any]:
         """The agent's settings a training run fixes: turns, passages, step budget, the probe on."""
-        return {"T": self.max_turns, "k": self.top_k, "step_max_tokens": self.step_max_tokens, "probe": True}
+        turns = self.max_turns + 1 if self.method == "search-r1" else self.max_turns
+        return {"T": turns, "k": self.top_k, "step_max_tokens": self.step_max_tokens, "probe": True}
+
+    def resolved_precision(self, on_gpu: bool) -> str:
+        """The precision "auto" means on this machine: bf16 autocast over float32 weights on a GPU."""
+        if self.precision != "auto":
+            return self.precision
+        return "bf16-autocast" if on_gpu else "fp32"
+
+
+PRECISIONS = {  # precision -> (the weights' torch dtype, TrainingArguments' bf16 autocast)
+    "fp32": ("float32", False), "bf16-autocast": ("float32", True), "bf16": ("bfloat16", False)}
 
 
 def check_training_split(name: str, path: str | None, allow_any: bool = False) -> None:
@@ -121,10 +149,13 @@ def check_training_split(name: str, path: str | None, allow_any: bool = False) -
 class RolloutSample:
     """One rollout as TRL trains it: `prompt_ids` (the first step's prompt, as the back-end
     tokenized it), `completion_ids` (everything after), `env_mask` (1 on the tokens the model
-    generated, 0 on injected ones), `logprobs` (the sampled log-prob of each generated token; NaN on
-    injected tokens, which TRL only reads for vLLM's importance correction), `layout` (each decision
-    step's case: token-exact, text-continued or fresh-prompt, see `rollout_sample`), `spans`
-    (where each step's generated ids lie in the completion: start, end)."""
+    generated, 0 on injected ones), `logprobs` (the sampled log-prob of each generated token; 0.0 on
+    injected tokens, which carry none: a NaN there would reach TRL's importance correction),
+    `layout` (each decision step's case: token-exact, text-continued or fresh-prompt, see
+    `rollout_sample`), `spans` (where each step's generated ids lie in the completion: start, end),
+    `positions` (the position id of each completion token: counting on from the prompt, and from 0
+    again where a fresh-prompt step starts a segment of its own; `StepPackedGRPOTrainer` restarts
+    attention there too)."""
 
     prompt_ids: tuple[int, ...]
     completion_ids: tuple[int, ...]
@@ -132,6 +163,12 @@ class RolloutSample:
     logprobs: tuple[float, ...]
     layout: tuple[str, ...]
     spans: tuple[tuple[int, int], ...] = ()
+    positions: tuple[int, ...] = ()
+
+    @property
+    def packed(self) -> bool:
+        """Whether some step starts a segment of its own (its positions restart at 0)."""
+        return FRESH_PROMPT in self.layout
 
 
 def step_generations(trace: Trace) -> list[Generate]:
@@ -152,14 +189,17 @@ def rollout_sample(trace: Trace, llm: Any) -> RolloutSample:
       token whose piece ran past `</search>`, or sampled ids that tokenize differently); the rest of
       the text, tokenized. The same text as the model read, tokenized once.
     - fresh-prompt: step k's prompt is no continuation (belief-agent's re-built step prompt); all
-      of its ids. Its output is then trained after the sequence before it, which it did not see.
+      of its ids, as a new segment: its positions start again at 0 and the trainer lets it attend
+      only to itself (`StepPackedGRPOTrainer`), so step k is trained on exactly the context it was
+      sampled from. The sequence is then n steps packed in one row, sharing the rollout's advantage
+      (one row per rollout keeps TRL's groups of G; verl-agent's per-step samples, packed).
     A trace with no generation (it failed first) gets one masked end-of-sequence token."""
     from metarag.llm.base import prompt_text
 
     generations = step_generations(trace)
     eos = _eos_id(llm)
     if not generations:
-        return RolloutSample((eos,), (eos,), (0,), (math.nan,), ())
+        return RolloutSample((eos,), (eos,), (0,), (0.0,), (), (), (1,))
 
     def context(g: Generate) -> list[int]:
         if g.prompt_ids:
@@ -176,10 +216,11 @@ def rollout_sample(trace: Trace, llm: Any) -> RolloutSample:
         return [int(t.id) for t in tokens], [float(t.logprob) for t in tokens]
 
     prompt = context(generations[0])
-    sequence = list(prompt)
+    sequence = list(prompt)  # what the current segment's next token reads
     completion: list[int] = []
     mask: list[int] = []
     logprobs: list[float] = []
+    positions: list[int] = []
     layout: list[str] = []
     spans: list[tuple[int, int]] = []
     for k, g in enumerate(generations):
@@ -195,21 +236,24 @@ def rollout_sample(trace: Trace, llm: Any) -> RolloutSample:
                     added, case = _tokenize_piece(llm, read[len(said):]), TEXT_CONTINUED
                 else:
                     added, case = ctx, FRESH_PROMPT
+                    sequence = []  # a segment of its own: positions and attention start again
             layout.append(case)
+            positions += range(len(sequence), len(sequence) + len(added))
             completion += added
             mask += [0] * len(added)
-            logprobs += [math.nan] * len(added)
+            logprobs += [0.0] * len(added)
             sequence += added
         ids, lps = generated(g)
         spans.append((len(completion), len(completion) + len(ids)))
+        positions += range(len(sequence), len(sequence) + len(ids))
         completion += ids
         mask += [1] * len(ids)
         logprobs += lps
         sequence += ids
     if not completion:  # an empty first generation that ended the trace
-        completion, mask, logprobs = [eos], [0], [math.nan]
+        completion, mask, logprobs, positions = [eos], [0], [0.0], [len(prompt)]
     return RolloutSample(tuple(prompt), tuple(completion), tuple(mask), tuple(logprobs), tuple(layout),
-                         tuple(spans))
+                         tuple(spans), tuple(positions))
 
 
 def _tokenize_piece(llm: Any, text: str) -> list[int]:
@@ -228,11 +272,19 @@ def _eos_id(llm: Any) -> int:
     return ids[-1] if ids else 0
 
 
-def rollout_seed(run_seed: int, step: int, position: int) -> int:
-    """The seed of the rollout at `position` of training step `step`: distinct across rollouts and
-    steps, the same when a resumed run re-draws a step, 31 bits."""
-    digest = hashlib.blake2b(f"agent-rollout:{run_seed}:{step}:{position}".encode(), digest_size=8).digest()
+def rollout_seed(run_seed: int, step: int, position: int, process: int = 0) -> int:
+    """The seed of the rollout at `position` of training step `step` on process `process` (its
+    rank): distinct across rollouts, steps and processes (each process rolls out its own share of the
+    group), the same when a resumed run re-draws a step, 31 bits."""
+    digest = hashlib.blake2b(f"agent-rollout:{run_seed}:{step}:{process}:{position}".encode(),
+                             digest_size=8).digest()
     return int.from_bytes(digest, "big") & 0x7FFF_FFFF
+
+
+def training_prompts(questions: Sequence[Question]) -> list[str]:
+    """The dataset rows TRL hands back to the rollout function, one per question: the question's
+    place and text, so that two questions with the same text (and other answers) stay apart."""
+    return [f"[{i}] {q.text}" for i, q in enumerate(questions)]
 
 
 # ------------------------------------------------------------------------------------ rollouts
@@ -251,8 +303,11 @@ class _PerRollout:
 
 class AgentRollouts:
     """TRL's `rollout_func`: runs the agent on the step's prompts through `run_many` with the live
-    model and returns the sequences, masks, log-probs and each rollout's `Reward` (`rollout_reward`,
-    read by the reward columns). `last` keeps the step's traces, samples and rewards (tests, logs)."""
+    model and returns the sequences, masks, log-probs, position ids and each rollout's `Reward`
+    (`rollout_reward`, read by the reward columns; None for a rollout whose back-end failed, which
+    TRL then leaves out of its group's baseline). `last` keeps the step's traces, samples and rewards
+    (tests, logs). The model generates through TRL's `unwrap_model_for_generation` (the whole model
+    gathered under ZeRO-3 / FSDP), or through TRL's vLLM engine when the trainer has one."""
 
     def __init__(self, questions: Sequence[Question], retriever: Any, settings: AgentTrainSettings,
                  reward_settings: Any = None, identity: str = "train-agent", judge_settings: Any = None):
@@ -267,9 +322,11 @@ class AgentRollouts:
         self.judge_settings = judge_settings if judge_settings is not None else ProcessJudgeSettings()
         self._judge_models: dict[str, Any] = {}  # a judge named by spec loads once, not once per step
         self.identity = identity
-        self.by_text: dict[str, Question] = {}
-        for q in questions:
-            self.by_text.setdefault(q.text, q)
+        self.questions = list(questions)
+        self.by_prompt = dict(zip(training_prompts(self.questions), self.questions))
+        self._by_text: dict[str, list[Question]] = {}
+        for q in self.questions:
+            self._by_text.setdefault(q.text, []).append(q)
         overrides = settings.method_overrides()
         self.agent_settings = method_settings(settings.method, overrides)
         self._build = build_method
@@ -277,20 +334,31 @@ class AgentRollouts:
         self.last: dict[str, Any] = {}
 
     def __call__(self, prompts: Sequence[Any], trainer: Any) -> dict[str, list]:
-        step = int(trainer.state.global_step)
-        model = trainer.accelerator.unwrap_model(trainer.model)
-        return self.run(prompts, model, trainer.processing_class, step)
+        from trl.models.utils import unwrap_model_for_generation
 
-    def run(self, prompts: Sequence[Any], model: Any, tokenizer: Any, step: int) -> dict[str, list]:
+        step = int(trainer.state.global_step)
+        process = int(trainer.accelerator.process_index)
+        with unwrap_model_for_generation(trainer.model_wrapped, trainer.accelerator,
+                                         gather_deepspeed3_params=trainer.args.ds3_gather_for_generation) as model:
+            llm = None
+            if getattr(trainer, "use_vllm", False):  # vLLM samples; the policy tokenizes and probes
+                from metarag.llm.vllm import VLLMRollouts
+
+                llm = VLLMRollouts.from_trainer(trainer, model, f"{self.identity}:step{step}", self.settings.n_ctx)
+            return self.run(prompts, model, trainer.processing_class, step, process=process, llm=llm)
+
+    def run(self, prompts: Sequence[Any], model: Any, tokenizer: Any, step: int, *, process: int = 0,
+            llm: Any = None) -> dict[str, list]:
         from metarag.llm.hf import HFLLM, HFSettings
         from metarag.methods.runner import Runtime, Sampling, run_many
         from metarag.train.rewards import agent_steps, gap_rates
 
         questions = [self._question(p) for p in prompts]
-        inner = model.get_base_model() if hasattr(model, "get_base_model") else model  # LoRA layers stay in
-        llm = HFLLM.from_model(inner, tokenizer, identity=f"{self.identity}:step{step}",
-                               settings=HFSettings(embedded=None, n_ctx=self.settings.n_ctx))
-        seeds = [rollout_seed(self.settings.seed, step, i) for i in range(len(questions))]
+        if llm is None:
+            inner = model.get_base_model() if hasattr(model, "get_base_model") else model  # LoRA layers stay in
+            llm = HFLLM.from_model(inner, tokenizer, identity=f"{self.identity}:step{step}",
+                                   settings=HFSettings(embedded=None, n_ctx=self.settings.n_ctx))
+        seeds = [rollout_seed(self.settings.seed, step, i, process) for i in range(len(questions))]
         rollouts = [dataclasses.replace(q) for q in questions]  # one object per rollout (see _PerRollout)
         method = self.method
         if hasattr(self.agent_settings, "candidate_seed"):
@@ -307,22 +375,30 @@ class AgentRollouts:
         rewards = [self._reward(t, q, v) for t, q, v in zip(traces, questions, verdicts)]
         under = gap_rates([agent_steps(t) for t in traces if t.error is None], self.reward_settings.margin)
         self.last = {"step": step, "traces": traces, "samples": samples, "rewards": rewards, "questions": questions,
-                     "verdicts": verdicts}
-        return {"prompt_ids": [list(s.prompt_ids) for s in samples],
-                "completion_ids": [list(s.completion_ids) for s in samples],
-                "logprobs": [list(s.logprobs) for s in samples],
-                "env_mask": [list(s.env_mask) for s in samples],
-                "rollout_reward": rewards,
-                "rollout_layout": [s.layout for s in samples],
-                "rollout_under_search": under.under_search_rate,
-                "rollout_failed": len(failed) / len(traces)}
+                     "verdicts": verdicts, "seeds": seeds}
+        out = {"prompt_ids": [list(s.prompt_ids) for s in samples],
+               "completion_ids": [list(s.completion_ids) for s in samples],
+               "logprobs": [list(s.logprobs) for s in samples],
+               "env_mask": [list(s.env_mask) for s in samples],
+               "rollout_reward": rewards,
+               "rollout_layout": [s.layout for s in samples],
+               "rollout_under_search": under.under_search_rate,
+               "rollout_failed": len(failed) / len(traces)}
+        if any(s.packed for s in samples):
+            out[POSITIONS_FIELD] = [list(s.positions) for s in samples]
+        return out
 
     def _question(self, prompt: Any) -> Question:
         text = prompt if isinstance(prompt, str) else prompt[-1]["content"]
-        try:
-            return self.by_text[text]
-        except KeyError:
-            raise DataError(f"the trainer sent a prompt that is no training question: {str(text)[:80]!r}") from None
+        if text in self.by_prompt:
+            return self.by_prompt[text]
+        same = self._by_text.get(text, [])
+        if len(same) == 1:  # a bare question text names its question when no other has that text
+            return same[0]
+        if same:
+            raise DataError(f"{len(same)} training questions have the text {str(text)[:80]!r}: name one by its "
+                            "training prompt (train.agent.training_prompts)")
+        raise DataError(f"the trainer sent a prompt that is no training question: {str(text)[:80]!r}")
 
     def _step_verdicts(self, traces: Sequence[Trace], questions: Sequence[Question], llm: Any) -> list[Any]:
         """HiPRAG's step verdicts for a reward that reads them (None per rollout otherwise): the
@@ -348,10 +424,10 @@ class AgentRollouts:
         return out
 
     def _reward(self, trace: Trace, question: Question, verdicts: Any = None) -> Any:
-        from metarag.train.rewards import NEEDS_STEP_JUDGES, Reward
+        from metarag.train.rewards import NEEDS_STEP_JUDGES
 
-        if trace.error is not None:  # a failed rollout scores 0, as a failed question does in evaluation
-            return Reward(0.0, 0.0)
+        if trace.error is not None:  # no score: TRL leaves the rollout out of its group's baseline
+            return None
         if self.settings.reward in NEEDS_STEP_JUDGES:
             return self.reward_fn(trace, question.answers, self.reward_settings, verdicts=verdicts)
         return self.reward_fn(trace, question.answers, self.reward_settings)
@@ -360,14 +436,24 @@ class AgentRollouts:
 def reward_columns() -> tuple[list[Callable[..., list]], list[float]]:
     """TRL's reward functions and weights: the total (weight 1) and its parts as zero-weight columns,
     so TRL logs each (`rewards/<name>/mean`) while only the total reaches the advantage; the total's
-    function also logs searches, invalid actions and the pooled under-search rate as metrics."""
+    function also logs searches, invalid actions and the pooled under-search rate as metrics. A failed
+    rollout (reward None) is None in every column: TRL leaves it out of its group's mean and gives it
+    no advantage, so a back-end failure neither rewards nor punishes the group's other rollouts."""
+
+    def column(part: Callable[[Any], Any]) -> Callable[..., list]:
+        def read(prompts, completions, rollout_reward, **_):
+            values = [None if r is None else part(r) for r in rollout_reward]
+            return [None if v is None else float(v) for v in values]
+        return read
 
     def reward(prompts, completions, rollout_reward, log_metric=None, rollout_layout=None,
                rollout_under_search=None, rollout_failed=None, **_):
+        scored = [r for r in rollout_reward if r is not None]
         if log_metric is not None:
             log_metric("failed_rollouts", rollout_failed[0] if rollout_failed else 0.0)
-            log_metric("searches", sum(r.searches for r in rollout_reward) / len(rollout_reward))
-            log_metric("invalid_actions", sum(r.invalid_actions for r in rollout_reward) / len(rollout_reward))
+            if scored:
+                log_metric("searches", sum(r.searches for r in scored) / len(scored))
+                log_metric("invalid_actions", sum(r.invalid_actions for r in scored) / len(scored))
             under = rollout_under_search[0] if rollout_under_search else math.nan  # one value, per row
             if not math.isnan(under):
                 log_metric("under_search_rate", under)
@@ -375,21 +461,127 @@ def reward_columns() -> tuple[list[Callable[..., list]], list[float]]:
                 steps = [case for layout in rollout_layout for case in layout]
                 for case in LAYOUTS:
                     log_metric(f"layout/{case}", sum(c == case for c in steps) / max(len(steps), 1))
-        return [float(r.total) for r in rollout_reward]
+        return column(lambda r: r.total)(prompts, completions, rollout_reward)
 
-    def outcome(prompts, completions, rollout_reward, **_):
-        return [float(r.outcome) for r in rollout_reward]
-
-    def consistency(prompts, completions, rollout_reward, **_):
-        return [None if r.consistency is None else float(r.consistency) for r in rollout_reward]
-
-    def penalty(prompts, completions, rollout_reward, **_):
-        return [float(r.penalty) for r in rollout_reward]
-
-    def process(prompts, completions, rollout_reward, **_):  # HiPRAG's N_corr/N, where judged
-        return [None if r.process is None else float(r.process) for r in rollout_reward]
-
+    outcome = column(lambda r: r.outcome)
+    consistency = column(lambda r: r.consistency)
+    penalty = column(lambda r: r.penalty)
+    process = column(lambda r: r.process)  # HiPRAG's N_corr/N, where judged
+    for f, name in ((outcome, "outcome"), (consistency, "consistency"), (penalty, "penalty"), (process, "process")):
+        f.__name__ = name  # TRL names the logged columns after the functions
     return [reward, outcome, consistency, penalty, process], [1.0, 0.0, 0.0, 0.0, 0.0]
+
+
+# --------------------------------------------------------------------------- packed step training
+POSITIONS_FIELD = "rollout_positions"  # the rollout_func's column of completion position ids
+
+
+def packed_inputs(attention_mask: Any, completion_positions: Any, logits_to_keep: int, *, boolean: bool):
+    """The position ids and the 4D attention mask of a batch of packed rollouts. `attention_mask` is
+    TRL's (B, P + C) padding mask (prompt left-padded, completion right-padded); `completion_positions`
+    (B, ≤ C) the rollouts' `RolloutSample.positions`. A token attends to the earlier tokens of its own
+    segment only (a segment starts where the positions restart at 0); padding attends to itself only,
+    so that no row of the mask is empty. `boolean`: True where attention is allowed (sdpa); else
+    additive, 0 or the float32 minimum (eager)."""
+    import torch
+
+    batch, width = attention_mask.shape
+    prompt_width = width - logits_to_keep
+    valid = attention_mask.bool()
+    positions = torch.zeros_like(attention_mask, dtype=torch.long)
+    prompt_mask = attention_mask[:, :prompt_width].long()
+    positions[:, :prompt_width] = (prompt_mask.cumsum(-1) - 1).clamp(min=0)
+    given = completion_positions.to(attention_mask.device).long()[:, :logits_to_keep]
+    positions[:, prompt_width:prompt_width + given.size(1)] = given
+    starts = (positions == 0) & valid
+    segment = starts.long().cumsum(-1)
+    same = segment.unsqueeze(2) == segment.unsqueeze(1)
+    causal = torch.ones(width, width, dtype=torch.bool, device=attention_mask.device).tril()
+    allowed = same & causal & valid.unsqueeze(1) & valid.unsqueeze(2)
+    allowed |= torch.eye(width, dtype=torch.bool, device=attention_mask.device)  # padding sees itself
+    mask = allowed.unsqueeze(1)
+    if not boolean:
+        mask = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device).masked_fill(
+            ~mask, torch.finfo(torch.float32).min)
+    return positions, mask
+
+
+def step_packed_trainer(trl: Any) -> type:
+    """TRL's `GRPOTrainer` that trains each decision step on the context it was sampled from: the
+    rollouts' position ids (`POSITIONS_FIELD`) travel with the batch (`completion_positions`, shuffled
+    and split with it), and every log-prob pass (policy, old, reference) gives the model those
+    positions and the block-causal mask of `packed_inputs`. Rows without a restart get the plain
+    causal mask and positions, i.e. exactly what TRL computes. Text models with sdpa or eager
+    attention (a 4D mask; flash attention takes none)."""
+    import torch
+
+    class StepPackedGRPOTrainer(trl.GRPOTrainer):
+        _scoring_positions = None
+
+        def _generate(self, prompts):
+            out = super()._generate(prompts)
+            positions = out[5].pop(POSITIONS_FIELD, None)  # extra_fields: not a reward column
+            if positions is not None:
+                width = max(len(p) for p in positions)
+                table = torch.zeros((len(positions), width), dtype=torch.long)
+                for i, row in enumerate(positions):
+                    table[i, :len(row)] = torch.tensor(row, dtype=torch.long)
+                    if len(row) < width:  # right padding goes on counting (it is masked out anyway)
+                        table[i, len(row):] = torch.arange(len(row), width) + (row[-1] if row else 0) + 1
+                self._scoring_positions = table.to(self.accelerator.device)
+            return out
+
+        def _generate_and_score_completions(self, inputs):
+            try:
+                output = super()._generate_and_score_completions(inputs)
+                if self._scoring_positions is not None:
+                    output["completion_positions"] = self._scoring_positions
+                return output
+            finally:
+                self._scoring_positions = None
+
+        def _compute_loss(self, model, inputs):
+            self._scoring_positions = inputs.get("completion_positions")
+            try:
+                return super()._compute_loss(model, inputs)
+            finally:
+                self._scoring_positions = None
+
+        def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep,
+                                               batch_size=None, compute_entropy=False, compute_aux_loss=False,
+                                               **multimodal):
+            positions = self._scoring_positions
+            if positions is None or positions.size(0) != input_ids.size(0):
+                return super()._get_per_token_logps_and_entropies(
+                    model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size,
+                    compute_entropy=compute_entropy, compute_aux_loss=compute_aux_loss, **multimodal)
+            if any(v is not None for v in multimodal.values()):
+                raise ConfigError("packed step training takes text models only")
+            attn = str(getattr(self.accelerator.unwrap_model(model).config, "_attn_implementation", "eager"))
+            if "flash" in attn:
+                raise ConfigError(f"packed step training needs attn_implementation sdpa or eager, not {attn}")
+            batch_size = batch_size or input_ids.size(0)
+            logps, entropies, aux = [], [], []
+            for start in range(0, input_ids.size(0), batch_size):
+                end = min(start + batch_size, input_ids.size(0))
+                ids, pad = input_ids[start:end], attention_mask[start:end]
+                position_ids, mask = packed_inputs(pad, positions[start:end], logits_to_keep,
+                                                   boolean=attn == "sdpa")
+                labels = ids.masked_fill(pad == 0, -100)
+                labels[:, :-logits_to_keep] = -100
+                extra = {"output_router_logits": True} if compute_aux_loss else {}
+                with self.accelerator.autocast():
+                    out = model(input_ids=ids, attention_mask=mask, position_ids=position_ids, labels=labels,
+                                fused_lm_head=True, **extra)
+                logps.append(out.log_probs[:, -logits_to_keep:])
+                if compute_entropy:
+                    entropies.append(out.entropy[:, -logits_to_keep:])
+                if compute_aux_loss:
+                    aux.append(out.aux_loss)
+            return (torch.cat(logps, dim=0), torch.cat(entropies, dim=0) if compute_entropy else None,
+                    torch.stack(aux).mean() if compute_aux_loss else None)
+
+    return StepPackedGRPOTrainer
 
 
 # ------------------------------------------------------------------------------------ training
@@ -435,12 +627,18 @@ def train_agent(questions: Sequence[Question], retriever: Any, model: Any, token
     manifest); a run whose folder holds a checkpoint resumes from the last one. `provenance`
     (base model and data sha256 ...) goes into every manifest. `rollouts` replaces the rollout
     function built from the arguments (tests read its `last`). `judge_settings`: HiPRAG's process
-    judges (`judges.process.ProcessJudgeSettings`), read by `--reward hiprag` only."""
+    judges (`judges.process.ProcessJudgeSettings`), read by `--reward hiprag` only.
+
+    Under `accelerate launch` each process rolls out its share of the step's groups (seeded by its
+    rank) and the model is placed by accelerate (load it on the CPU); only the main process writes the
+    settings, the log, the manifests and `merged/`, and the time budget is the main process's clock,
+    broadcast at every step end."""
     import os
 
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     trl, peft = _import_trl()
     import torch
+    from accelerate import PartialState
     from datasets import Dataset
     from transformers import TrainerCallback
 
@@ -448,41 +646,57 @@ def train_agent(questions: Sequence[Question], retriever: Any, model: Any, token
 
     if not questions:
         raise ConfigError("no training questions")
+    main = PartialState().is_main_process
     reward_settings = reward_settings if reward_settings is not None else RewardSettings()
     out = Path(out_dir).expanduser()
     out.mkdir(parents=True, exist_ok=True)
     on_gpu = torch.cuda.is_available()
     lora = (not on_gpu) if settings.lora is None else settings.lora
+    precision = settings.resolved_precision(on_gpu)
+    weights_dtype, autocast = PRECISIONS[precision]
+    model = model.to(getattr(torch, weights_dtype))
     manifest_base = {
         "method": settings.method, "reward": settings.reward,
-        "settings": dataclasses.asdict(settings), "lora": lora,
+        "settings": dataclasses.asdict(settings), "lora": lora, "precision": precision,
         "reward_settings": dataclasses.asdict(reward_settings),
         **({"judge_settings": dataclasses.asdict(judge_settings)} if judge_settings is not None else {}),
         "trl": trl.__version__, "peft": peft.__version__, "git_commit": _git_commit(),
         **(provenance or {}),
     }
     _check_resumable(out, manifest_base)
-    (out / "settings.json").write_text(json.dumps(manifest_base, indent=2, default=str) + "\n")
+    if main:
+        (out / "settings.json").write_text(json.dumps(manifest_base, indent=2, default=str) + "\n")
 
     base_sha = str((provenance or {}).get("base_model_sha256") or "")
     rollouts = rollouts if rollouts is not None else AgentRollouts(
         questions, retriever, settings, reward_settings, identity=f"train-agent:{base_sha[:16]}",
         judge_settings=judge_settings)
     batch = settings.group_size * settings.questions_per_step
+    processes = PartialState().num_processes
+    if batch % processes:
+        raise ConfigError(f"{batch} rollouts per step (group_size x questions_per_step) do not split over "
+                          f"{processes} processes")
+    per_process = batch // processes
+    vllm = {}
+    if settings.vllm != "off":
+        vllm = dict(use_vllm=True, vllm_mode=settings.vllm, vllm_gpu_memory_utilization=settings.vllm_gpu_memory_utilization,
+                    vllm_max_model_length=settings.n_ctx)
+        if settings.vllm == "server":
+            vllm["vllm_server_base_url"] = settings.vllm_server_url
     config = trl.GRPOConfig(
         output_dir=str(out / TRAINER_DIR), learning_rate=settings.learning_rate, beta=settings.kl_coef,
-        num_generations=settings.group_size, per_device_train_batch_size=1, gradient_accumulation_steps=batch,
-        steps_per_generation=batch, max_steps=settings.steps, lr_scheduler_type="constant", warmup_steps=0,
+        num_generations=settings.group_size, per_device_train_batch_size=1, gradient_accumulation_steps=per_process,
+        steps_per_generation=per_process, max_steps=settings.steps, lr_scheduler_type="constant", warmup_steps=0,
         temperature=settings.temperature, max_completion_length=settings.step_max_tokens,
         loss_type=settings.loss_type, scale_rewards="group", mask_truncated_completions=False,
         save_strategy="steps", save_steps=settings.save_every, logging_steps=1, report_to="none",
-        seed=settings.seed, data_seed=settings.seed, bf16=on_gpu, use_cpu=not on_gpu,
+        seed=settings.seed, data_seed=settings.seed, bf16=autocast, use_cpu=not on_gpu,
         gradient_checkpointing=settings.gradient_checkpointing,
         gradient_checkpointing_kwargs={"use_reentrant": False}, disable_dropout=True, remove_unused_columns=False,
-        dataloader_num_workers=0, save_only_model=False)
+        dataloader_num_workers=0, save_only_model=False, **vllm)
     funcs, weights = reward_columns()
     config.reward_weights = weights
-    data = Dataset.from_list([{"prompt": text} for text in rollouts.by_text])
+    data = Dataset.from_list([{"prompt": key} for key in rollouts.by_prompt])
     peft_config = None
     if lora:
         peft_config = peft.LoraConfig(r=settings.lora_r, lora_alpha=settings.lora_alpha,
@@ -498,57 +712,73 @@ def train_agent(questions: Sequence[Question], retriever: Any, model: Any, token
                 record = {"step": state.global_step, **{k: v for k, v in logs.items()
                                                         if isinstance(v, (int, float))}}
                 log.append(record)
-                with log_path.open("a") as f:
-                    f.write(json.dumps(record) + "\n")
+                if state.is_world_process_zero:
+                    with log_path.open("a") as f:
+                        f.write(json.dumps(record) + "\n")
 
         def on_step_end(self, args, state, control, **kw):
-            if settings.time_budget_s and time.monotonic() - started >= settings.time_budget_s:
+            if not settings.time_budget_s:
+                return
+            spent = [time.monotonic() - started >= settings.time_budget_s]
+            if processes > 1:  # the main process's clock decides, for all: no process waits on another
+                from accelerate.utils import broadcast_object_list
+
+                broadcast_object_list(spent, from_process=0)
+            if spent[0]:
                 control.should_training_stop = True
                 control.should_save = True
 
         def on_save(self, args, state, control, model=None, processing_class=None, **kw):
             folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
-            _save_checkpoint(folder, trainer.model, tokenizer, {**manifest_base, "steps": state.global_step})
+            _save_checkpoint(folder, trainer, tokenizer, {**manifest_base, "steps": state.global_step})
 
     if settings.attn_implementation and hasattr(model, "set_attn_implementation"):
         model.set_attn_implementation(settings.attn_implementation)  # the rollouts ask for no attention weights
-    trainer = trl.GRPOTrainer(model=model, reward_funcs=funcs, args=config, train_dataset=data,
-                              processing_class=tokenizer, peft_config=peft_config, rollout_func=rollouts,
-                              callbacks=[_Logs(), *callbacks])
+    trainer = step_packed_trainer(trl)(model=model, reward_funcs=funcs, args=config, train_dataset=data,
+                                       processing_class=tokenizer, peft_config=peft_config, rollout_func=rollouts,
+                                       callbacks=[_Logs(), *callbacks])
     last = _last_checkpoint(out)
     trainer.train(resume_from_checkpoint=str(last) if last is not None else None)
     final = _last_checkpoint(out)
     if final is None or _checkpoint_step(final) != trainer.state.global_step:
-        trainer.save_model(str(out / TRAINER_DIR / f"checkpoint-{trainer.state.global_step}"))
         final = out / TRAINER_DIR / f"checkpoint-{trainer.state.global_step}"
-        _save_checkpoint(final, trainer.model, tokenizer, {**manifest_base, "steps": trainer.state.global_step})
+        trainer.save_model(str(final))
+        _save_checkpoint(final, trainer, tokenizer, {**manifest_base, "steps": trainer.state.global_step})
     rollouts.trainer = trainer  # type: ignore[attr-defined]  # for tests and the caller's inspection
     return TrainReport(out, int(trainer.state.global_step), final / MERGED, tuple(log))
 
 
-def _save_checkpoint(folder: Path, model: Any, tokenizer: Any, manifest: dict[str, Any]) -> None:
+def _save_checkpoint(folder: Path, trainer: Any, tokenizer: Any, manifest: dict[str, Any]) -> None:
     """Beside TRL's checkpoint files: `merged/` (the full model, adapter merged in, safetensors and
-    the tokenizer: a folder `--llm hf:PATH` loads) and the manifest with the merged model's hash."""
+    the tokenizer: a folder `--llm hf:PATH` loads) and the manifest with the merged model's hash.
+    Every process takes part in gathering a sharded model's weights (ZeRO-3 / FSDP); the main
+    process alone writes."""
     import copy
 
     from metarag.llm.hf import folder_sha256
 
+    accelerator = trainer.accelerator
+    inner = accelerator.unwrap_model(trainer.model)
+    adapter = hasattr(inner, "merge_and_unload")
+    state = None if adapter else accelerator.get_state_dict(trainer.model_wrapped)  # collective when sharded
+    if not accelerator.is_main_process:
+        accelerator.wait_for_everyone()
+        return
     folder.mkdir(parents=True, exist_ok=True)
     merged = folder / MERGED
-    inner = model.module if hasattr(model, "module") else model
-    if hasattr(inner, "merge_and_unload"):
+    if adapter:
         full = copy.deepcopy(inner).merge_and_unload()
         inner.save_pretrained(str(folder / "adapter"))
-    else:
-        full = inner
-    full.save_pretrained(str(merged), safe_serialization=True)
-    tokenizer.save_pretrained(str(merged))
-    if full is not inner:
+        full.save_pretrained(str(merged), safe_serialization=True)
         del full
+    else:
+        inner.save_pretrained(str(merged), state_dict=state, safe_serialization=True)
+    tokenizer.save_pretrained(str(merged))
     record = {**manifest, "merged": str(merged), "merged_sha256": folder_sha256(merged),
               "adapter": str(folder / "adapter") if (folder / "adapter").exists() else None,
               "saved": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     (folder / MANIFEST).write_text(json.dumps(record, indent=2, default=str) + "\n")
+    accelerator.wait_for_everyone()
 
 
 def _checkpoint_step(folder: Path) -> int:
@@ -608,7 +838,13 @@ def run_training(dataset_spec: Any, llm_spec: Any, out_dir: str | Path, settings
     check_training_split(dataset.name, dataset.path, allow_any)
     if not dataset.passages:
         raise ConfigError(f"{dataset.name} has no passages to retrieve from: give it a corpus")
-    hf_settings = dataclasses.replace(backend_settings(llm_spec), n_ctx=settings.n_ctx)
+    import torch
+
+    # loaded on the CPU in the precision's weight dtype; the trainer (accelerate) places it on each
+    # process's own device (every process loading onto cuda:0 would not)
+    weights_dtype, _ = PRECISIONS[settings.resolved_precision(torch.cuda.is_available())]
+    hf_settings = dataclasses.replace(backend_settings(llm_spec), n_ctx=settings.n_ctx, device="cpu",
+                                      dtype=weights_dtype)
     if dry_run:
         if hf_settings.path and not Path(hf_settings.path).expanduser().exists():
             raise DataError("model file or folder not found", path=hf_settings.path)
@@ -629,10 +865,12 @@ def training_plan(settings: AgentTrainSettings, model: str, dataset: Any, out_di
 
     gpu = torch.cuda.is_available()
     lora = (not gpu) if settings.lora is None else settings.lora
+    precision = settings.resolved_precision(gpu)
     out = Path(out_dir).expanduser()
     last = _last_checkpoint(out)
     return "\n".join([
-        f"model: {model} on {'cuda (bf16)' if gpu else 'cpu (float32)'}, "
+        f"model: {model} on {'cuda' if gpu else 'cpu'} ({precision}), rollouts on "
+        f"{'vLLM (' + settings.vllm + ')' if settings.vllm != 'off' else 'transformers'}, "
         + (f"LoRA r={settings.lora_r}" if lora else "full fine-tuning"),
         f"agent: {settings.method}, reward: {settings.reward}, {settings.max_turns} turns, top-{settings.top_k}, "
         f"{settings.step_max_tokens} tokens per step, context {settings.n_ctx}",
