@@ -329,3 +329,159 @@ def test_import_stays_light():
             "bad = [m for m in ('torch', 'trl', 'peft', 'transformers', 'datasets') if m in sys.modules]; "
             "sys.exit(1 if bad else 0)")
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+# ------------------------------------------------------------------ the GPU path, on a tiny model
+class _SpreadRewards(AgentRollouts):
+    """Rollouts whose rewards are 0, 1, 2 ... in order: every group has a gradient."""
+
+    def run(self, prompts, model, tokenizer, step, **kw):
+        import dataclasses
+
+        out = super().run(prompts, model, tokenizer, step, **kw)
+        out["rollout_reward"] = [None if r is None else dataclasses.replace(r, total=float(i))
+                                 for i, r in enumerate(out["rollout_reward"])]
+        return out
+
+
+@needs_trl
+def test_each_belief_agent_step_is_trained_on_the_context_it_was_sampled_from(tiny, tmp_path, monkeypatch):
+    import copy
+
+    import torch
+
+    from metarag.train import agent
+
+    base, tokenizer = tiny
+    records = []  # (ids, mask, logits_to_keep, per-token log-probs) of every loss pass
+    real = agent.step_packed_trainer
+
+    def spying(trl):
+        class Spy(real(trl)):
+            def _compute_loss(self, model, inputs):
+                self._in_loss = True
+                try:
+                    return super()._compute_loss(model, inputs)
+                finally:
+                    self._in_loss = False
+
+            def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, **kw):
+                out = super()._get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep,
+                                                                  **kw)
+                if getattr(self, "_in_loss", False):
+                    records.append((input_ids.clone(), attention_mask.clone(), logits_to_keep, out[0].detach()))
+                return out
+        return Spy
+
+    monkeypatch.setattr(agent, "step_packed_trainer", spying)
+    settings = AgentTrainSettings(method="belief-agent", reward="belief", **{**TINY, "group_size": 3})
+    rollouts = _SpreadRewards(QUESTIONS, MemoryRetriever(PASSAGES), settings)
+    agent.train_agent(QUESTIONS, MemoryRetriever(PASSAGES), copy.deepcopy(base), tokenizer, tmp_path, settings,
+                      rollouts=rollouts)
+    samples, traces = rollouts.last["samples"], rollouts.last["traces"]
+    assert any(s.packed for s in samples)  # the tiny model's first step is invalid: a second, rebuilt prompt
+    rows = [(ids[mask.bool()].tolist(), ids, mask, keep, logps) for ids, masks, keep, logps_ in records
+            for ids, mask, logps in zip(ids, masks, logps_)]
+    from metarag.llm.base import prompt_text
+    from metarag.llm.hf import HFLLM
+
+    llm = HFLLM.from_model(base, tokenizer, identity="tiny")
+    checked = differs = 0
+    for sample, trace in zip(samples, traces):
+        full = list(sample.prompt_ids + sample.completion_ids)
+        (_, _, _, keep, logps), = [r for r in rows if r[0] == full]
+        for g, (a, b) in zip(step_generations(trace), sample.spans):
+            prompt = llm.tokenize(prompt_text(llm, g.prompt))  # step k's own prompt, as it was sampled
+            own = prompt + [t.id for t in g.logprobs]
+            with torch.no_grad():
+                direct = torch.log_softmax(base(input_ids=torch.tensor([own])).logits[0].float(), -1)
+                whole = torch.log_softmax(base(input_ids=torch.tensor([full])).logits[0].float(), -1)
+            n = len(prompt)
+            for j in range(a, b):
+                token = sample.completion_ids[j]
+                expected = direct[n + j - a - 1, token].item()
+                assert logps[j].item() == pytest.approx(expected, abs=1e-3)  # the trainer's, at completion index j
+                checked += 1
+                differs += abs(whole[len(sample.prompt_ids) + j - 1, token].item() - expected) > 1e-3
+    assert checked == sum(sum(s.env_mask) for s in samples)
+    assert differs > 0  # the whole sequence as context would have given other log-probs: the test can fail
+
+
+@needs_trl
+@pytest.mark.parametrize("precision, moves", [("bf16-autocast", True), ("bf16", False)])
+def test_one_step_at_lr_1e6_moves_fp32_master_weights_and_not_pure_bf16(tiny, tmp_path, precision, moves):
+    import copy
+
+    import torch
+
+    from metarag.train.agent import train_agent
+
+    base, tokenizer = tiny
+    settings = AgentTrainSettings(method="search-r1", reward="search-r1", lora=False, precision=precision,
+                                  kl_coef=0.0, **{**TINY, "group_size": 4})
+    model = copy.deepcopy(base)
+    name = "model.layers.0.mlp.up_proj.weight"
+    start = dict(model.named_parameters())[name].detach().to(getattr(torch, PRECISION_DTYPE[precision])).clone()
+    rollouts = _SpreadRewards(QUESTIONS, MemoryRetriever(PASSAGES), settings)
+    train_agent(QUESTIONS, MemoryRetriever(PASSAGES), model, tokenizer, tmp_path, settings, rollouts=rollouts)
+    trained = dict(rollouts.trainer.accelerator.unwrap_model(rollouts.trainer.model).named_parameters())[name]
+    assert trained.dtype == getattr(torch, PRECISION_DTYPE[precision])
+    changed = (trained.detach() != start).float().mean().item()
+    assert rollouts.trainer.args.learning_rate == 1e-6
+    if moves:
+        assert changed > 0.5
+    else:
+        assert changed < 0.05  # Adam's ~1e-6 steps round away in bf16
+
+
+PRECISION_DTYPE = {"bf16-autocast": "float32", "bf16": "bfloat16", "fp32": "float32"}
+
+
+def test_settings_default_to_token_mean_loss_and_gpu_precision():
+    settings = AgentTrainSettings()
+    assert settings.loss_type == "dapo" and settings.kl_coef == 0.001
+    assert settings.resolved_precision(on_gpu=True) == "bf16-autocast"
+    assert settings.resolved_precision(on_gpu=False) == "fp32"
+    with pytest.raises(ConfigError, match="loss_type.*must be one of"):
+        AgentTrainSettings(loss_type="token-mean")
+    # search-r1 runs Search-R1's max_turns search turns, then the answer turn
+    assert AgentTrainSettings(method="search-r1").method_overrides()["T"] == 5
+    assert AgentTrainSettings(method="belief-agent").method_overrides()["T"] == 4
+
+
+def test_rollout_seeds_differ_across_processes():
+    from metarag.train.agent import rollout_seed
+
+    seeds = {(p, i): rollout_seed(0, 3, i, p) for p in range(8) for i in range(5)}
+    assert len(set(seeds.values())) == len(seeds)
+    assert rollout_seed(0, 3, 1, 0) == rollout_seed(0, 3, 1)  # rank 0 is the single-process run
+
+
+def test_failed_rollouts_score_none_in_every_column():
+    from metarag.train.agent import reward_columns
+    from metarag.train.rewards import Reward
+
+    funcs, weights = reward_columns()
+    rewards = [Reward(1.0, 1.0, 0.1, searches=2), None, Reward(0.0, 0.0, -0.1)]
+    logged = {}
+    for f in funcs:
+        out = f(prompts=["a"] * 3, completions=["x"] * 3, rollout_reward=rewards,
+                log_metric=lambda k, v: logged.__setitem__(k, v))
+        assert out[1] is None and out[0] is not None or f.__name__ == "process"
+    assert logged["searches"] == 1.0  # the mean over the rollouts that have a score
+    assert [f.__name__ for f in funcs] == ["reward", "outcome", "consistency", "penalty", "process"]
+
+
+def test_questions_with_the_same_text_stay_apart():
+    from metarag.errors import DataError
+    from metarag.train.agent import training_prompts
+
+    twins = [Question("a", "Who?", ("Ann",)), Question("b", "Who?", ("Bob",)), QUESTIONS[0]]
+    rollouts = AgentRollouts(twins, MemoryRetriever(PASSAGES), AgentTrainSettings(method="search-r1",
+                                                                                    reward="search-r1"))
+    keys = training_prompts(twins)
+    assert len(set(keys)) == 3 and list(rollouts.by_prompt) == keys
+    assert [rollouts._question(k).answers for k in keys[:2]] == [("Ann",), ("Bob",)]
+    assert rollouts._question(QUESTIONS[0].text) is QUESTIONS[0]  # a unique text still names its question
+    with pytest.raises(DataError, match="2 training questions have the text"):
+        rollouts._question("Who?")
