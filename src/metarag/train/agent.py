@@ -646,11 +646,12 @@ def train_agent(questions: Sequence[Question], retriever: Any, model: Any, token
 
     if not questions:
         raise ConfigError("no training questions")
-    main = PartialState().is_main_process
+    on_gpu = torch.cuda.is_available()
+    state = PartialState(cpu=not on_gpu)  # the launcher's processes (gloo on the CPU), as the trainer sees them
+    main, processes = state.is_main_process, state.num_processes
     reward_settings = reward_settings if reward_settings is not None else RewardSettings()
     out = Path(out_dir).expanduser()
     out.mkdir(parents=True, exist_ok=True)
-    on_gpu = torch.cuda.is_available()
     lora = (not on_gpu) if settings.lora is None else settings.lora
     precision = settings.resolved_precision(on_gpu)
     weights_dtype, autocast = PRECISIONS[precision]
@@ -672,7 +673,6 @@ def train_agent(questions: Sequence[Question], retriever: Any, model: Any, token
         questions, retriever, settings, reward_settings, identity=f"train-agent:{base_sha[:16]}",
         judge_settings=judge_settings)
     batch = settings.group_size * settings.questions_per_step
-    processes = PartialState().num_processes
     if batch % processes:
         raise ConfigError(f"{batch} rollouts per step (group_size x questions_per_step) do not split over "
                           f"{processes} processes")

@@ -1,0 +1,58 @@
+"""`metarag train-agent` under `accelerate launch` with two processes on the CPU (gloo), on a tiny
+Qwen2 built from a config (tests/launch_train_agent.py): each process rolls out its own share of a
+question's group with seeds of its own, one process writes the log and the checkpoints, and a second
+launch resumes from the last checkpoint."""
+import importlib.util
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HEAVY = ("torch", "transformers", "trl", "peft", "accelerate")
+pytestmark = pytest.mark.skipif(any(importlib.util.find_spec(m) is None for m in HEAVY),
+                                reason="needs pip install 'metarag[hf,train]'")
+SCRIPT = Path(__file__).parent / "launch_train_agent.py"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(out: Path, steps: int) -> None:
+    accelerate = Path(sys.executable).with_name("accelerate")
+    command = [str(accelerate), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+               "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_ip", "127.0.0.1",
+               "--main_process_port", str(free_port()), str(SCRIPT), str(out), str(steps)]
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count("rank done") == 2
+
+
+def read(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_two_processes_train_distinct_rollouts_one_writer_and_resume(tmp_path):
+    launch(tmp_path, 1)
+    launch(tmp_path, 2)  # resumes at step 1 and trains step 2
+    ranks = [read(tmp_path / f"rank-{i}.jsonl") for i in (0, 1)]
+    assert [[r["step"] for r in rank] for rank in ranks] == [[0, 1], [0, 1]]  # the second launch rolled out step 2 only
+    for zero, one in zip(*ranks):
+        assert zero["prompts"] == one["prompts"] and len(zero["prompts"]) == 1  # one question's group of 2, split
+        assert not set(zero["seeds"]) & set(one["seeds"])
+        assert zero["completions"] != one["completions"]  # no two processes draw the same rollout
+    run = tmp_path / "run"
+    log = read(run / "log.jsonl")
+    assert [r["step"] for r in log] == [1, 2]  # the main process alone writes: one line a step
+    for step in (1, 2):
+        manifest = json.loads((run / "trainer" / f"checkpoint-{step}" / "metarag_manifest.json").read_text())
+        assert manifest["steps"] == step and (run / "trainer" / f"checkpoint-{step}" / "merged").is_dir()
+    state = json.loads((run / "trainer" / "checkpoint-2" / "trainer_state.json").read_text())
+    assert state["global_step"] == 2
