@@ -20,7 +20,7 @@ from test_methods import without_latency
 from metarag.errors import ConfigError
 from metarag.judges.belief import PROBE_INSTRUCTION, Belief, belief_probe
 from metarag.llm.scripted import ScriptedLLM, ScriptedTokens
-from metarag.methods.actions import Ask, Note, Probe, Search
+from metarag.methods.actions import Ask, Clip, Note, Probe, Search
 from metarag.methods.fixed_point import FixedPoint, LoopState
 from metarag.methods.registry import build_method, method_settings
 from metarag.methods.runner import Runtime, Sampling, run, run_many
@@ -96,7 +96,7 @@ def test_golden_cases(method, case, corpus):
     check_golden(f"{method}-{case}", trace)
     assert trace.answer == "Dijon"
     expected = {"search-answer": ["search", "answer"], "answer": ["answer"], "invalid-recovery": ["invalid", "answer"],
-                "forced": ["search", "search", "search", "answer"]}[case]
+                "forced": ["search"] * (4 if method == "search-r1" else 3) + ["answer"]}[case]
     assert actions(trace) == expected
     forced = [d.signals["forced"] for d in decisions(trace, "agent-step")]
     assert forced == [0.0] * (len(expected) - 1) + [1.0 if case == "forced" else 0.0]
@@ -236,7 +236,9 @@ def test_settings_fail_at_start_up():
         method_settings("belief-agent", {"candidates": "always"})
     with pytest.raises(ConfigError, match="'T' must be >= 1"):
         method_settings("search-r1", {"T": "0"})
-    assert SearchR1Settings().T == 4 and SearchR1Settings().k == 3 and not SearchR1Settings().probe
+    # Search-R1's official trainer: 4 search turns, then the answer turn; observations cut at 500 tokens
+    assert SearchR1Settings().T == 5 and SearchR1Settings().max_obs_tokens == 500
+    assert SearchR1Settings().k == 3 and not SearchR1Settings().probe
     assert BeliefAgentSettings().candidates == "random" and BeliefAgentSettings().verify_first
 
 
@@ -263,9 +265,11 @@ def test_each_step_states_its_loop_state_and_a_fixed_point_goes_to_the_forced_an
         if isinstance(action, Ask):
             return Completion(" Dijon ", stop="</answer>") if action.prompt[-1].content.endswith(FORCE_PREFIX) \
                 else Completion(SEARCH.removesuffix("</search>"), stop="</search>")
+        if isinstance(action, Clip):
+            return action.text
         return hits if isinstance(action, Search) else None
 
-    for agent in (SearchR1(), BeliefAgent()):
+    for agent in (SearchR1(SearchR1Settings(T=4)), BeliefAgent()):
         yielded = _actions(agent.policy(Q), replies)
         states = [a for a in yielded if isinstance(a, LoopState)]
         assert [(s.iteration, s.last) for s in states] == [(0, 2), (1, 2), (2, 2)]  # not before the forced step
@@ -354,3 +358,16 @@ def test_questions_in_flight_keep_their_own_episodes(corpus):
         alone = [run(method, q, Runtime(llm(), MemoryRetriever(corpus))) for q in (Q, other)]
         assert [without_latency(t) for t in together] == [without_latency(t) for t in alone]
         assert [t.answer for t in together] == ["Dijon", "Liberty Island"]
+
+
+def test_search_r1_cuts_an_information_block_at_max_obs_tokens(corpus):
+    """Search-R1's `max_obs_length`: the observation's tokens (the run's tokenizer) cut, the cut recorded."""
+    llm = scripted(SEARCH, ANSWER)
+    whole = agent_run("search-r1", llm, corpus)
+    cut = agent_run("search-r1", scripted(SEARCH, ANSWER), corpus, max_obs_tokens=12)
+    assert not [s for s in whole.steps if isinstance(s, Decide) and s.name == "information"]
+    (clip,) = [s for s in cut.steps if isinstance(s, Decide) and s.name == "information"]
+    assert clip.choice == "clip" and clip.signals["kept"] == 12 and clip.signals["tokens"] > 12
+    second = [s for s in cut.steps if isinstance(s, Generate)][1].prompt[-1].content
+    block = second.split("<information>", 1)[1]
+    assert "</information>" not in block and len(llm.piece_tokens("<information>" + block)) <= 14

@@ -183,6 +183,10 @@ class LlamaCppLLM:
     def detokenize(self, ids: Sequence[int]) -> str:
         return self._llm.detokenize(list(ids)).decode("utf-8", errors="replace")
 
+    def piece_tokens(self, text: str) -> list[int]:
+        """Token ids of a piece of text inside a sequence: no BOS, special tokens not parsed."""
+        return self._llm.tokenize(text.encode("utf-8"), add_bos=False, special=False)
+
     def _label_tokens(self, label: str) -> list[int]:
         return self._llm.tokenize(label.encode("utf-8"), add_bos=False, special=False)
 

@@ -169,6 +169,10 @@ class ScriptedLLM:
     def tokenize(self, text: str) -> list[int]:
         return [self._register(p) for p in split_words(text)] if text.strip() else []
 
+    def piece_tokens(self, text: str) -> list[int]:
+        """Token ids of a piece of text inside a sequence (the scripted tokenizer adds nothing)."""
+        return self.tokenize(text)
+
     def detokenize(self, ids: Sequence[int]) -> str:
         try:
             return "".join(self._pieces[i] for i in ids)

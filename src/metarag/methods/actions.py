@@ -67,4 +67,16 @@ class Note:
     signals: tuple[tuple[str, float], ...] = ()
 
 
-Action = Search | Ask | Probe | Assess | Note
+@dataclass(frozen=True)
+class Clip:
+    """Cut `text` to its first `max_tokens` tokens of the run's model (Search-R1's `max_obs_length`
+    on an observation), as that model's tokenizer splits it. Sends back the text, whole when it fits
+    or when the back-end has no tokenizer (a server: nothing to count with); a cut is recorded as a
+    Decide step "clip" with the token counts; a text that fits costs nothing and leaves no step."""
+
+    purpose: str
+    text: str
+    max_tokens: int
+
+
+Action = Search | Ask | Probe | Assess | Note | Clip

@@ -19,12 +19,13 @@ import traceback
 from collections import deque
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any, Protocol
 
 from metarag.errors import BackendError, ConfigError, MetaRAGError
 from metarag.llm.base import LLM, Decoding, TokenIds
 from metarag.llm.batch import generate_many, score_many
-from metarag.methods.actions import Action, Ask, Assess, Note, Probe, Search
+from metarag.methods.actions import Action, Ask, Assess, Clip, Note, Probe, Search
 from metarag.methods.fixed_point import LoopState, LoopStates
 from metarag.records import (
     Answer,
@@ -348,7 +349,26 @@ def execute(action: Action, runtime: Runtime) -> tuple[list[Step], Any]:
         return list(action.steps), None
     if isinstance(action, Note):
         return [Decide(Usage(), action.name, action.choice, dict(action.signals))], None
+    if isinstance(action, Clip):
+        return _clip(action, runtime.llm)
     raise TypeError(f"a method yielded {action!r}, which is not an action")
+
+
+def _clip(action: Clip, llm: Any) -> tuple[list[Step], str]:
+    """`Clip`: the first `max_tokens` of the text's tokens, no special tokens added."""
+    tokenizer = getattr(llm, "tokenizer", None)
+    if tokenizer is not None and hasattr(tokenizer, "encode"):
+        ids = list(tokenizer.encode(action.text, add_special_tokens=False))
+        decode = partial(tokenizer.decode, skip_special_tokens=False)
+    elif callable(getattr(llm, "piece_tokens", None)):
+        ids, decode = list(llm.piece_tokens(action.text)), llm.detokenize
+    else:
+        return [], action.text
+    if len(ids) <= action.max_tokens:
+        return [], action.text
+    kept = decode(ids[:action.max_tokens])
+    return [Decide(Usage(), action.purpose, "clip", {"tokens": float(len(ids)),
+                                                     "kept": float(action.max_tokens)})], kept
 
 
 def _search(action: Search, runtime: Runtime) -> tuple[list[Step], list]:

@@ -46,7 +46,7 @@ from typing import Any
 from metarag.errors import ConfigError
 from metarag.judges.belief import belief_probe
 from metarag.llm.base import Decoding
-from metarag.methods.actions import Ask, Note, Search
+from metarag.methods.actions import Ask, Clip, Note, Search
 from metarag.methods.fixed_point import LoopState
 from metarag.methods.runner import Policy
 from metarag.parsing import agent_closing_tag, clean_answer, read_agent_action
@@ -139,17 +139,22 @@ def random_candidate(seed: int, question_id: str, step: int) -> str:
 class SearchR1Settings:
     """Search-R1 as the paper runs it (Appendix D.2, §4.1).
 
-    T = 4 decision steps ("at most 4 turns"), the last forcing the answer; how it is forced the paper
-    leaves open: here the last reply is started with `<answer>` (an untrained model cannot search past
-    the budget and end with no answer). k = 3 passages per search (top-3, as Search-R1).
+    T = 5 generations: Search-R1's official trainer (`generation.py`, `run_llm_loop`) runs
+    `max_turns` = 4 search turns and then one final turn that can only answer; the paper's "at most 4
+    turns" is that budget. The final turn is forced here by starting the reply with `<answer>` (how
+    the paper forces it is left open; an untrained model cannot search past the budget and end with
+    no answer). k = 3 passages per search (top-3, as Search-R1). `max_obs_tokens` = 500: an
+    `<information>` block longer than that many tokens of the run's model is cut there, as the
+    official `max_obs_length` (0: never cut; a back-end without a tokenizer, a server, is not cut).
     step_max_tokens = 512 per step, the paper's response budget (Appendix D.1; Search-R1's is per turn).
     `probe` runs the belief probe at every step (off: the paper probes only in training).
     `stop_at_fixed_point`: the shared rule on the transcript, which cannot fire (it grows every step).
     """
 
-    T: int = setting(4, ge=1)
+    T: int = setting(5, ge=1)
     k: int = setting(3, ge=1)
     step_max_tokens: int = setting(512, ge=1)
+    max_obs_tokens: int = setting(500, ge=0)
     probe: bool = False
     stop_at_fixed_point: bool = True
 
@@ -241,7 +246,7 @@ class _Episode:
             hits: list[Hit] = []
             if step.action == "search":
                 hits = list((yield Search(step.content, s.k)))
-            self._remember(t, step, hits)
+            yield from self._remember(t, step, hits)
             t += 1
         return ""
 
@@ -268,7 +273,7 @@ class _Episode:
     def _restore(self, state: Hashable) -> None: ...
     def _context(self, question: Question, t: int) -> str: ...
     def _prompt(self, question: Question, t: int, forced: bool, candidate: str | None) -> tuple[Message, ...]: ...
-    def _remember(self, t: int, step: _Step, hits: list[Hit]) -> None: ...
+    def _remember(self, t: int, step: _Step, hits: list[Hit]) -> Generator[Any, Any, None]: ...
 
 
 class SearchR1:
@@ -307,9 +312,12 @@ class _SearchR1Episode(_Episode):
         turn = self.transcript + (FORCE_NOTE + FORCE_PREFIX if forced else "")
         return (user, Message("assistant", turn)) if turn else (user,)
 
-    def _remember(self, t: int, step: _Step, hits: list[Hit]) -> None:
+    def _remember(self, t: int, step: _Step, hits: list[Hit]) -> Generator[Any, Any, None]:
         if step.action == "search":
-            self.transcript += step.reply + INFORMATION_BLOCK.format(passages=format_information(hits))
+            observation = INFORMATION_BLOCK.format(passages=format_information(hits))
+            if self.settings.max_obs_tokens:
+                observation = yield Clip("information", observation, self.settings.max_obs_tokens)
+            self.transcript += step.reply + observation
         else:
             self.transcript += step.reply + INVALID_NOTE
 
@@ -372,7 +380,8 @@ class _BeliefEpisode(_Episode):
             body += "\n" + VERIFY_INSTRUCTION.format(candidate_decision=CANDIDATE_DECISION[candidate]) + "\n"
         return (Message("user", body),)
 
-    def _remember(self, t: int, step: _Step, hits: list[Hit]) -> None:
+    def _remember(self, t: int, step: _Step, hits: list[Hit]) -> Generator[Any, Any, None]:
+        yield from ()
         if step.action == "search":
             self.previous = "search"
             self.memory += (MEMORY_SEARCH.format(n=t + 1, query=step.content, passages=format_information(hits)),)
