@@ -485,3 +485,71 @@ def test_questions_with_the_same_text_stay_apart():
     assert rollouts._question(QUESTIONS[0].text) is QUESTIONS[0]  # a unique text still names its question
     with pytest.raises(DataError, match="2 training questions have the text"):
         rollouts._question("Who?")
+
+
+# --------------------------------------------------------------------- the CPU recipe and the signal
+def test_cpu_recipe_resolves_to_its_settings_and_keeps_the_papers_method():
+    from metarag.train.agent import recipe_settings
+
+    s = recipe_settings("cpu")
+    assert (s.max_turns, s.step_max_tokens, s.top_k, s.kl_coef, s.train_batch_size, s.gradient_checkpointing,
+            s.precision, s.learning_rate, s.lora) == (3, 128, 2, 0.0, 5, False, "bf16-autocast", 1e-5, True)
+    # the paper's reward, its gap diagnosis (the probe at every step), verify-first and G stay
+    assert s.reward == "belief" and s.method == "belief-agent" and s.group_size == 5
+    assert s.method_overrides()["probe"] is True
+    assert build_method("belief-agent", s.method_overrides()).settings.verify_first
+    assert recipe_settings("cpu", max_turns=4).max_turns == 4  # --set still wins
+    assert recipe_settings("paper") == AgentTrainSettings()
+    with pytest.raises(ConfigError, match="unknown training recipe 'cpuu'.*cpu"):
+        recipe_settings("cpuu")
+
+
+@needs_trl
+def test_two_steps_of_the_cpu_recipe_on_a_tiny_model_log_where_the_time_went(tiny, tmp_path):
+    import copy
+
+    from metarag.train.agent import recipe_settings, train_agent
+
+    base, tokenizer = tiny
+    settings = recipe_settings("cpu", steps=2, step_max_tokens=5, lora_r=4, save_every=1, group_size=2,
+                               train_batch_size=2, max_turns=2)
+    rollouts = AgentRollouts(QUESTIONS, MemoryRetriever(PASSAGES), settings)
+    report = train_agent(QUESTIONS, MemoryRetriever(PASSAGES), copy.deepcopy(base), tokenizer, tmp_path, settings,
+                         rollouts=rollouts)
+    args = rollouts.trainer.args
+    assert report.steps == 2 and args.per_device_train_batch_size == 2 and args.gradient_accumulation_steps == 1
+    assert args.bf16 and rollouts.trainer.beta == 0.0 and rollouts.trainer.ref_model is None
+    log = read_log(tmp_path)
+    assert [r["step"] for r in log] == [1, 2]
+    for record in log:
+        assert record["time/rollouts"] > 0 and record["time/policy"] > 0 and record["time/generation"] > 0
+        assert record["time/probe"] > 0 and record["time/reference"] == 0.0  # KL 0: no reference pass
+    # the rollouts ran under bf16 autocast, as the training passes do
+    assert all(g.logprobs for t in rollouts.last["traces"] for g in step_generations(t))
+
+
+def test_signal_fraction_counts_the_groups_whose_rewards_differ():
+    from metarag.train.agent import signal_fraction
+
+    groups = [[0.0, 0.0, 0.0], [0.0, 1.0, 0.0], [None, 1.0, 1.0], [None, None, 1.0], [0.5, 0.5], [-0.01, 0.0]]
+    assert signal_fraction(groups) == pytest.approx(2 / 6)  # all-equal groups and lone scores give no gradient
+    assert math.isnan(signal_fraction([]))
+
+
+@needs_trl
+def test_measure_signal_writes_a_line_per_question_and_resumes(tiny, tmp_path, monkeypatch):
+    from metarag.train.agent import SIGNAL_FILE, measure_signal
+
+    model, tokenizer = tiny
+    settings = AgentTrainSettings(method="search-r1", reward="search-r1", **TINY)
+    calls = []
+    real = AgentRollouts.run
+    monkeypatch.setattr(AgentRollouts, "run", lambda self, prompts, *a, **k: calls.append(prompts) or
+                        real(self, prompts, *a, **k))
+    first = measure_signal(QUESTIONS, MemoryRetriever(PASSAGES), model, tokenizer, tmp_path, settings, 2)
+    assert first.questions == 2 and len(calls) == 2 and all(len(c) == settings.group_size for c in calls)
+    again = measure_signal(QUESTIONS, MemoryRetriever(PASSAGES), model, tokenizer, tmp_path, settings, 3)
+    assert again.questions == 3 and len(calls) == 3  # only the third question was rolled out
+    lines = [json.loads(x) for x in (tmp_path / SIGNAL_FILE).read_text().splitlines()]
+    assert [x["question_id"] for x in lines] == ["q1", "q2", "q3"] and all(len(x["total"]) == 2 for x in lines)
+    assert "groups" in again.summary()

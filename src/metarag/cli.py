@@ -203,6 +203,13 @@ def build_parser() -> argparse.ArgumentParser:
     ta.add_argument("--reward", default="belief", help="the reward (train/rewards.py): belief (default), search-r1, "
                     "belief-over-only, belief-under-only, belief-ungated, beta-grpo, hiprag (HiPRAG's process "
                     "reward: LLM judges mark over- and under-search steps)")
+    ta.add_argument("--recipe", default="paper", help="a named preset of the settings below: paper (default: the "
+                    "paper's), cpu (a step the 2-core CPU can afford: 3 turns, 128 tokens, top-2, KL 0, batched "
+                    "rows, bf16 autocast, LoRA at 1e-5; train/agent.py RECIPES says why); --set overrides it")
+    ta.add_argument("--measure-signal", type=positive_int, default=None, metavar="N",
+                    help="before training: roll out G per question for N questions with the untrained model and "
+                         "print the share of groups whose rewards differ (those give a gradient); writes "
+                         "OUT/signal.json and exits")
     ta.add_argument("--steps", type=positive_int, default=None, help="optimizer steps (default 10)")
     ta.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
                     help="stop (and save) after this many seconds of training")
@@ -584,7 +591,7 @@ def cmd_train_agent(args: argparse.Namespace) -> int:
         return 0
     from metarag.evaluate.harness import DatasetSpec
     from metarag.settings import override, parse_assignments
-    from metarag.train.agent import AgentTrainSettings, run_training
+    from metarag.train.agent import recipe_settings, run_training
 
     if not args.out:
         raise_config("give --out DIR (where the checkpoints go)")
@@ -605,7 +612,7 @@ def cmd_train_agent(args: argparse.Namespace) -> int:
     # one --set for all three: a key goes to the reward's or HiPRAG's judges' settings when it is theirs
     owned = {cls: {f.name for f in dataclasses.fields(cls)} for cls in (RewardSettings, ProcessJudgeSettings)}
     parts = {cls: {k: v for k, v in values.items() if k in names} for cls, names in owned.items()}
-    settings = override(AgentTrainSettings(), {k: v for k, v in values.items()
+    settings = override(recipe_settings(args.recipe), {k: v for k, v in values.items()
                                                if not any(k in names for names in owned.values())},
                         owner="train-agent")
     reward_settings = override(RewardSettings(), parts[RewardSettings], owner="train-agent reward")
@@ -617,7 +624,8 @@ def cmd_train_agent(args: argparse.Namespace) -> int:
                        limit=args.limit, seed=args.seed)
     report = run_training(spec, llm_spec_from_args(args), args.out, settings, retriever=args.retriever,
                           allow_any=args.allow_any, dry_run=args.dry_run, reward_settings=reward_settings,
-                          judge_settings=judge_settings if settings.reward == "hiprag" else None)
+                          judge_settings=judge_settings if settings.reward == "hiprag" else None,
+                          signal_questions=args.measure_signal)
     print(report if isinstance(report, str) else report.summary())
     return 0
 

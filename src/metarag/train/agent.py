@@ -78,6 +78,8 @@ class AgentTrainSettings:
     `gradient_checkpointing` on and `attn_implementation` "sdpa" for the training passes: a rollout's
     sequence runs to thousands of tokens, and eager attention keeps an n × n matrix per head and layer
     for the backward pass (a 0.5B step on a 2,000-token belief-agent rollout ran out of 23 GB).
+    `train_batch_size` rollouts go through one forward / backward pass (TRL's
+    `per_device_train_batch_size`; 1: one at a time, the least memory).
     search-r1 takes `max_turns` as Search-R1's trainer does (`max_turns` search turns, then one final
     answer turn: T = max_turns + 1 generations); belief-agent's T = max_turns counts the forced answer
     (the paper's agent)."""
@@ -105,6 +107,7 @@ class AgentTrainSettings:
     vllm_gpu_memory_utilization: float = setting(0.3, gt=0, le=1)
     gradient_checkpointing: bool = True
     attn_implementation: str = "sdpa"
+    train_batch_size: int = setting(1, ge=1)
     save_every: int = setting(5, ge=1)
     time_budget_s: float = setting(0.0, ge=0)
     seed: int = 0
@@ -128,6 +131,48 @@ class AgentTrainSettings:
         if self.precision != "auto":
             return self.precision
         return "bf16-autocast" if on_gpu else "fp32"
+
+
+# Named presets of train-agent settings (`--recipe NAME`; `--set` still overrides any of them).
+RECIPES: dict[str, dict[str, Any]] = {
+    "paper": {},
+    # A GRPO step the 2-core CPU can afford (measured by benchmarks/train_step.py against "paper").
+    # Kept: the belief reward, its gap diagnosis (the probe at every step), verify-first, G = 5, the
+    # forced last answer. Each change, its reason and its cost:
+    "cpu": {
+        # 3 turns, not 4: two searches then the forced answer (HotpotQA's bridge questions need two
+        # hops); the longest rollouts, the costliest to generate and to train on, go.
+        "max_turns": 3,
+        # 128 tokens a step, not 512: the untrained 0.5B's steps average ~100 tokens; the long tail
+        # is run-on prose past the action (cost: a step cut at 128 is an invalid action).
+        "step_max_tokens": 128,
+        # top-2 passages, not 3: a shorter context for every later step and its training row
+        # (cost: the second hop's paragraph must rank in the top 2).
+        "top_k": 2,
+        # KL 0, no reference model (DAPO's choice, and several Search-R1 successors'): the reference
+        # pass was a forward over every row (cost: nothing holds the policy near the base but LoRA's
+        # small rank and the learning rate).
+        "kl_coef": 0.0,
+        # all G rows of a step in one forward / backward, and no gradient checkpointing: rows of
+        # ~1,000 tokens on the 0.5B fit in memory many times over, and recomputation costs a forward.
+        "train_batch_size": 5,
+        "gradient_checkpointing": False,
+        # bf16 autocast over float32 weights for rollouts and training: this CPU's AVX512-BF16
+        # matmuls are ~6x float32's (benchmarks/train_step.py prints which the CPU has).
+        "precision": "bf16-autocast",
+        # LoRA's usual rate, ten times the paper's full fine-tuning rate (adapters start at zero).
+        "learning_rate": 1e-5,
+        "lora": True,
+    },
+}
+
+
+def recipe_settings(name: str, **overrides: Any) -> AgentTrainSettings:
+    """The settings of a named recipe with `overrides` on top (an unknown recipe fails with the names)."""
+    if name not in RECIPES:
+        raise ConfigError(f"unknown training recipe {name!r}{close_matches(name, RECIPES)}; recipes: "
+                          f"{', '.join(RECIPES)}")
+    return AgentTrainSettings(**{**RECIPES[name], **overrides})
 
 
 PRECISIONS = {  # precision -> (the weights' torch dtype, TrainingArguments' bf16 autocast)
@@ -281,6 +326,24 @@ def rollout_seed(run_seed: int, step: int, position: int, process: int = 0) -> i
     return int.from_bytes(digest, "big") & 0x7FFF_FFFF
 
 
+def rollout_seconds(traces: Sequence[Trace]) -> dict[str, float]:
+    """Where a step's rollouts spent their time, from the traces' own step latencies: the decision
+    steps' generation, the belief probe's scoring, and the rest (retrieval, other model calls)."""
+    from metarag.records import Score
+
+    out = {"generation": 0.0, "probe": 0.0, "other": 0.0}
+    for trace in traces:
+        for step in trace.steps:
+            seconds = step.usage.latency_s
+            if isinstance(step, Generate) and step.purpose == STEP_PURPOSE:
+                out["generation"] += seconds
+            elif isinstance(step, Score) and step.purpose == "belief-probe":
+                out["probe"] += seconds
+            else:
+                out["other"] += seconds
+    return out
+
+
 def training_prompts(questions: Sequence[Question]) -> list[str]:
     """The dataset rows TRL hands back to the rollout function, one per question: the question's
     place and text, so that two questions with the same text (and other answers) stay apart."""
@@ -357,7 +420,8 @@ class AgentRollouts:
         if llm is None:
             inner = model.get_base_model() if hasattr(model, "get_base_model") else model  # LoRA layers stay in
             llm = HFLLM.from_model(inner, tokenizer, identity=f"{self.identity}:step{step}",
-                                   settings=HFSettings(embedded=None, n_ctx=self.settings.n_ctx))
+                                   settings=HFSettings(embedded=None, n_ctx=self.settings.n_ctx,
+                                                       autocast=self._autocast(inner)))
         seeds = [rollout_seed(self.settings.seed, step, i, process) for i in range(len(questions))]
         rollouts = [dataclasses.replace(q) for q in questions]  # one object per rollout (see _PerRollout)
         method = self.method
@@ -383,10 +447,16 @@ class AgentRollouts:
                "rollout_reward": rewards,
                "rollout_layout": [s.layout for s in samples],
                "rollout_under_search": under.under_search_rate,
-               "rollout_failed": len(failed) / len(traces)}
+               "rollout_failed": len(failed) / len(traces),
+               "rollout_seconds": rollout_seconds(traces)}
         if any(s.packed for s in samples):
             out[POSITIONS_FIELD] = [list(s.positions) for s in samples]
         return out
+
+    def _autocast(self, model: Any) -> bool:
+        """Whether rollouts run under bf16 autocast: in the bf16-autocast precision, as training does."""
+        device = next(model.parameters()).device
+        return self.settings.resolved_precision(device.type == "cuda") == "bf16-autocast"
 
     def _question(self, prompt: Any) -> Question:
         text = prompt if isinstance(prompt, str) else prompt[-1]["content"]
@@ -447,9 +517,11 @@ def reward_columns() -> tuple[list[Callable[..., list]], list[float]]:
         return read
 
     def reward(prompts, completions, rollout_reward, log_metric=None, rollout_layout=None,
-               rollout_under_search=None, rollout_failed=None, **_):
+               rollout_under_search=None, rollout_failed=None, rollout_seconds=None, **_):
         scored = [r for r in rollout_reward if r is not None]
         if log_metric is not None:
+            for part, seconds in (rollout_seconds[0] if rollout_seconds else {}).items():
+                log_metric(f"time/{part}", seconds)  # the process's rollouts this step, summed
             log_metric("failed_rollouts", rollout_failed[0] if rollout_failed else 0.0)
             if scored:
                 log_metric("searches", sum(r.searches for r in scored) / len(scored))
@@ -517,9 +589,29 @@ def step_packed_trainer(trl: Any) -> type:
 
     class StepPackedGRPOTrainer(trl.GRPOTrainer):
         _scoring_positions = None
+        _in_loss = False
+        # seconds of the current optimizer step, logged as time/* metrics when it ends: the rollout
+        # function, the log-prob passes outside the loss (the reference model's), and the policy's
+        # forward and backward (everything else in the step's training_step calls)
+        _seconds = {"rollouts": 0.0, "reference": 0.0, "policy": 0.0}
+        _scoring = 0.0
+
+        def training_step(self, model, inputs, num_items_in_batch):
+            self._scoring = 0.0
+            start = time.perf_counter()
+            out = super().training_step(model, inputs, num_items_in_batch)
+            self._seconds = {**self._seconds,
+                             "policy": self._seconds["policy"] + time.perf_counter() - start - self._scoring}
+            if self._step % self.current_gradient_accumulation_steps == 0:  # TRL counted this micro-step
+                for part, seconds in self._seconds.items():
+                    self._metrics["train"][f"time/{part}"].append(seconds)
+                self._seconds = dict.fromkeys(self._seconds, 0.0)
+            return out
 
         def _generate(self, prompts):
+            start = time.perf_counter()
             out = super()._generate(prompts)
+            self._seconds = {**self._seconds, "rollouts": self._seconds["rollouts"] + time.perf_counter() - start}
             positions = out[5].pop(POSITIONS_FIELD, None)  # extra_fields: not a reward column
             if positions is not None:
                 width = max(len(p) for p in positions)
@@ -532,6 +624,7 @@ def step_packed_trainer(trl: Any) -> type:
             return out
 
         def _generate_and_score_completions(self, inputs):
+            start = time.perf_counter()
             try:
                 output = super()._generate_and_score_completions(inputs)
                 if self._scoring_positions is not None:
@@ -539,17 +632,33 @@ def step_packed_trainer(trl: Any) -> type:
                 return output
             finally:
                 self._scoring_positions = None
+                self._scoring += time.perf_counter() - start
 
         def _compute_loss(self, model, inputs):
             self._scoring_positions = inputs.get("completion_positions")
+            self._in_loss = True
             try:
                 return super()._compute_loss(model, inputs)
             finally:
                 self._scoring_positions = None
+                self._in_loss = False
 
         def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep,
                                                batch_size=None, compute_entropy=False, compute_aux_loss=False,
                                                **multimodal):
+            if not self._in_loss:
+                start = time.perf_counter()
+                try:
+                    return self._logps(model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy,
+                                       compute_aux_loss, **multimodal)
+                finally:
+                    self._seconds = {**self._seconds,
+                                     "reference": self._seconds["reference"] + time.perf_counter() - start}
+            return self._logps(model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy,
+                               compute_aux_loss, **multimodal)
+
+        def _logps(self, model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy,
+                   compute_aux_loss, **multimodal):
             positions = self._scoring_positions
             if positions is None or positions.size(0) != input_ids.size(0):
                 return super()._get_per_token_logps_and_entropies(
@@ -677,6 +786,10 @@ def train_agent(questions: Sequence[Question], retriever: Any, model: Any, token
         raise ConfigError(f"{batch} rollouts per step (group_size x questions_per_step) do not split over "
                           f"{processes} processes")
     per_process = batch // processes
+    if per_process % settings.train_batch_size:
+        raise ConfigError(f"train_batch_size {settings.train_batch_size} does not divide the {per_process} "
+                          "rollouts each process trains per step")
+    micro_steps = per_process // settings.train_batch_size
     vllm = {}
     if settings.vllm != "off":
         vllm = dict(use_vllm=True, vllm_mode=settings.vllm, vllm_gpu_memory_utilization=settings.vllm_gpu_memory_utilization,
@@ -685,8 +798,8 @@ def train_agent(questions: Sequence[Question], retriever: Any, model: Any, token
             vllm["vllm_server_base_url"] = settings.vllm_server_url
     config = trl.GRPOConfig(
         output_dir=str(out / TRAINER_DIR), learning_rate=settings.learning_rate, beta=settings.kl_coef,
-        num_generations=settings.group_size, per_device_train_batch_size=1, gradient_accumulation_steps=per_process,
-        steps_per_generation=per_process, max_steps=settings.steps, lr_scheduler_type="constant", warmup_steps=0,
+        num_generations=settings.group_size, per_device_train_batch_size=settings.train_batch_size,
+        gradient_accumulation_steps=micro_steps, steps_per_generation=micro_steps, max_steps=settings.steps, lr_scheduler_type="constant", warmup_steps=0,
         temperature=settings.temperature, max_completion_length=settings.step_max_tokens,
         loss_type=settings.loss_type, scale_rewards="group", mask_truncated_completions=False,
         save_strategy="steps", save_steps=settings.save_every, logging_steps=1, report_to="none",
@@ -817,13 +930,83 @@ def _git_commit() -> str | None:
 
 
 # ----------------------------------------------------------------------------------- the command
+# ------------------------------------------------------------------------------- signal before training
+SIGNAL_FILE = "signal.jsonl"
+
+
+def signal_fraction(groups: Sequence[Sequence[float | None]]) -> float:
+    """The share of GRPO groups that give a gradient: whose scored rewards are not all equal (a group
+    with fewer than two scored rollouts gives none). NaN for no groups."""
+    if not groups:
+        return math.nan
+    live = 0
+    for group in groups:
+        scored = [r for r in group if r is not None]
+        live += len(scored) >= 2 and max(scored) - min(scored) > 1e-12
+    return live / len(groups)
+
+
+@dataclass(frozen=True)
+class SignalReport:
+    """What the untrained model's rollouts say about a training set: per question its G total and
+    outcome rewards, and the shares of groups whose rewards differ."""
+
+    questions: int
+    total_fraction: float
+    outcome_fraction: float
+    mean_outcome: float
+    path: Path
+
+    def summary(self) -> str:
+        return (f"{self.questions} groups: total reward differs in {self.total_fraction:.1%}, the outcome (EM) in "
+                f"{self.outcome_fraction:.1%}; mean EM {self.mean_outcome:.3f} ({self.path})")
+
+
+def measure_signal(questions: Sequence[Question], retriever: Any, model: Any, tokenizer: Any, out_dir: str | Path,
+                   settings: AgentTrainSettings, limit: int, reward_settings: Any = None) -> SignalReport:
+    """Roll out G per question (the first `limit` questions) with `model` as a training step would,
+    and measure the share of groups with a gradient. One line per question in OUT/signal.jsonl,
+    written as each finishes: a re-run measures only the questions not yet there."""
+    out = Path(out_dir).expanduser()
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / SIGNAL_FILE
+    done = {}
+    if path.exists():
+        for line in path.read_text().splitlines():
+            if line.strip():
+                record = json.loads(line)
+                done[record["key"]] = record
+    rollouts = AgentRollouts(questions, retriever, settings, reward_settings, identity="train-agent:signal")
+    keys = list(rollouts.by_prompt)[:limit]
+    for i, key in enumerate(keys):
+        if key in done:
+            continue
+        result = rollouts.run([key] * settings.group_size, model, tokenizer, step=i)
+        rewards = result["rollout_reward"]
+        record = {"key": key, "question_id": rollouts.by_prompt[key].id,
+                  "total": [None if r is None else r.total for r in rewards],
+                  "outcome": [None if r is None else r.outcome for r in rewards],
+                  "searches": [None if r is None else r.searches for r in rewards],
+                  "seconds": result["rollout_seconds"]}
+        with path.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+        done[key] = record
+    records = [done[k] for k in keys]
+    outcomes = [o for r in records for o in r["outcome"] if o is not None]
+    return SignalReport(len(records), signal_fraction([r["total"] for r in records]),
+                        signal_fraction([r["outcome"] for r in records]),
+                        sum(outcomes) / len(outcomes) if outcomes else math.nan, path)
+
+
 def run_training(dataset_spec: Any, llm_spec: Any, out_dir: str | Path, settings: AgentTrainSettings, *,
                  retriever: str = "bm25", allow_any: bool = False, dry_run: bool = False,
-                 reward_settings: Any = None, judge_settings: Any = None) -> TrainReport | str:
+                 reward_settings: Any = None, judge_settings: Any = None,
+                 signal_questions: int | None = None) -> TrainReport | SignalReport | str:
     """`metarag train-agent`: load the training questions with their corpus (any file or preset the
     harness reads; evaluation splits refused unless `allow_any`), the base model through the
     transformers back-end (`hf`, `hf-0.5b`, `hf:PATH`), then `train_agent`. `dry_run`: check all of
-    it and return the plan (device, precision, LoRA, batch, folders) without loading the model."""
+    it and return the plan (device, precision, LoRA, batch, folders) without loading the model.
+    `signal_questions` N: instead of training, `measure_signal` on the first N questions."""
     from metarag.evaluate.harness import load_questions
     from metarag.llm.hf import HFLLM
     from metarag.llm.registry import BACKENDS, backend_settings, check_spec
@@ -855,6 +1038,9 @@ def run_training(dataset_spec: Any, llm_spec: Any, out_dir: str | Path, settings
                            "limit": dataset_spec.limit, "sample_seed": dataset_spec.seed},
                   "data_sha256": dataset.sha256, "retriever": retriever}
     search = open_retriever(dataset.passages, retriever)
+    if signal_questions:  # measure the training set's signal with the untrained model, and stop
+        return measure_signal(dataset.questions, search, trainable(base.model), base.tokenizer, out_dir, settings,
+                              signal_questions, reward_settings)
     return train_agent(dataset.questions, search, trainable(base.model), base.tokenizer, out_dir, settings,
                        provenance=provenance, reward_settings=reward_settings, judge_settings=judge_settings)
 
