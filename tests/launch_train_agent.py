@@ -29,7 +29,6 @@ class Recorded(AgentRollouts):
 
 if __name__ == "__main__":
     import torch
-
     from tiny_hf import tiny_model_and_tokenizer
 
     torch.set_num_threads(1)

@@ -111,7 +111,7 @@ def check_ranges(settings: Any, owner: str | None = None) -> None:
                               f"{', '.join(map(str, choices[field.name]))}, got {value!r}")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _literal_choices(cls: type) -> dict[str, tuple]:
     """The choices of each `Literal`-typed field of a settings class (annotations resolved once)."""
     try:

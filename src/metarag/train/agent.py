@@ -792,14 +792,15 @@ def train_agent(questions: Sequence[Question], retriever: Any, model: Any, token
     micro_steps = per_process // settings.train_batch_size
     vllm = {}
     if settings.vllm != "off":
-        vllm = dict(use_vllm=True, vllm_mode=settings.vllm, vllm_gpu_memory_utilization=settings.vllm_gpu_memory_utilization,
-                    vllm_max_model_length=settings.n_ctx)
+        vllm = dict(use_vllm=True, vllm_mode=settings.vllm, vllm_max_model_length=settings.n_ctx,
+                    vllm_gpu_memory_utilization=settings.vllm_gpu_memory_utilization)
         if settings.vllm == "server":
             vllm["vllm_server_base_url"] = settings.vllm_server_url
     config = trl.GRPOConfig(
         output_dir=str(out / TRAINER_DIR), learning_rate=settings.learning_rate, beta=settings.kl_coef,
         num_generations=settings.group_size, per_device_train_batch_size=settings.train_batch_size,
-        gradient_accumulation_steps=micro_steps, steps_per_generation=micro_steps, max_steps=settings.steps, lr_scheduler_type="constant", warmup_steps=0,
+        gradient_accumulation_steps=micro_steps, steps_per_generation=micro_steps, max_steps=settings.steps,
+        lr_scheduler_type="constant", warmup_steps=0,
         temperature=settings.temperature, max_completion_length=settings.step_max_tokens,
         loss_type=settings.loss_type, scale_rewards="group", mask_truncated_completions=False,
         save_strategy="steps", save_steps=settings.save_every, logging_steps=1, report_to="none",

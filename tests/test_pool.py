@@ -1,0 +1,41 @@
+"""Training pools (`metarag.data.pool`, `scripts/make-train-pool`): a seeded held-out share of each
+training split, the rest for training, over the union of the splits' passages, written in formats
+the harness reads back."""
+import json
+
+import pytest
+
+from metarag.data.datasets import Dataset
+from metarag.data.pool import mixed_split, write_pool
+from metarag.errors import ConfigError, DataError
+from metarag.evaluate.harness import DatasetSpec, load_questions
+from metarag.records import Passage, Question
+
+
+def dataset(name, n, prefix):
+    questions = tuple(Question(f"{prefix}{i}", f"Question {prefix}{i}?", (f"answer {i}",)) for i in range(n))
+    passages = tuple(Passage(f"p{i}", f"Title {prefix}{i}", f"Text {prefix}{i}.") for i in range(n))
+    return Dataset(name, questions, passages, f"/data/{name}.json", "sha", "flashrag")
+
+
+def test_each_split_holds_out_a_seeded_share_and_the_rest_trains(tmp_path):
+    a, b = dataset("alpha-train", 6, "a"), dataset("beta-train", 4, "b")
+    pool = mixed_split([a, b], heldout=2, seed=3)
+    assert len(pool.train) == 6 and len(pool.heldout) == 4
+    assert {s for s, _ in pool.heldout} == {"alpha-train", "beta-train"}
+    trained, held = {q.id for _, q in pool.train}, {q.id for _, q in pool.heldout}
+    assert not trained & held and trained | held == {q.id for d in (a, b) for q in d.questions}
+    assert mixed_split([a, b], 2, 3) == pool and mixed_split([a, b], 2, 4) != pool  # seeded
+    assert len({p.id for p in pool.passages}) == 10  # both splits' "p0" kept apart by their names
+    train, heldout, corpus = write_pool(pool, tmp_path)
+    assert train.name == "pool_train.jsonl"
+    back = load_questions(DatasetSpec(file=str(train), corpus=str(corpus)))
+    assert [q.id for q in back.questions] == [q.id for _, q in pool.train] and len(back.passages) == 10
+    assert [json.loads(x)["source"] for x in heldout.read_text().splitlines()][:2] == ["alpha-train"] * 2
+
+
+def test_bad_splits_are_refused():
+    with pytest.raises(ConfigError, match="cannot hold out 4 of alpha-train's 4 questions"):
+        mixed_split([dataset("alpha-train", 4, "a")], heldout=4, seed=0)
+    with pytest.raises(DataError, match="share a question id"):
+        mixed_split([dataset("alpha-train", 4, "a"), dataset("beta-train", 4, "a")], heldout=1, seed=0)
