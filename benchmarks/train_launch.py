@@ -2,12 +2,14 @@
 built from a config, same questions and settings: seconds per GRPO step (TRL's `step_time`:
 rollouts, rewards and the policy update of the whole step, on the main process) and the two
 runs' per-step loss and reward side by side, with their correlation (the curves' shape: rollouts
-differ by process seed, so the numbers are not equal).
+differ by process seed, so the numbers are not equal). A random tiny model earns no answer reward,
+so the reward here is a learnable stand-in: the share of a rollout's generated tokens whose id is
+even (the policy can move its logits toward them), so that both curves have a shape to compare.
 
 With two processes each rolls out half of every group, so on an idle machine with two cores a step
 should take about half as long; on a loaded machine, less gain.
 
-    .venv/bin/python benchmarks/train_launch.py [--steps 6] [--group 4] [--tokens 16]
+    .venv/bin/python benchmarks/train_launch.py [--steps 20] [--group 8] [--tokens 16] [--lr 1e-2]
 """
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ HERE = Path(__file__).resolve()
 TESTS = HERE.parent.parent / "tests"  # tiny_hf.py: the tiny Qwen2 and tokenizer the tests build
 
 
-def worker(out: Path, steps: int, group: int, tokens: int) -> None:
+def worker(out: Path, steps: int, group: int, tokens: int, lr: float) -> None:
     import copy
 
     import torch
@@ -34,7 +36,14 @@ def worker(out: Path, steps: int, group: int, tokens: int) -> None:
 
     from metarag.records import Passage, Question
     from metarag.retrieve.memory import MemoryRetriever
-    from metarag.train.agent import AgentTrainSettings, train_agent
+    from metarag.train.agent import AgentRollouts, AgentTrainSettings, step_generations, train_agent
+    from metarag.train.rewards import Reward
+
+    class EvenTokens(AgentRollouts):
+        def _reward(self, trace, question, verdicts=None):
+            ids = [t.id for g in step_generations(trace) for t in g.logprobs or ()]
+            share = sum(i % 2 == 0 for i in ids) / max(len(ids), 1)
+            return None if trace.error is not None else Reward(share, share)
 
     torch.set_num_threads(1)
     questions = [Question(f"q{i}", text, (answer,)) for i, (text, answer) in enumerate([
@@ -45,14 +54,16 @@ def worker(out: Path, steps: int, group: int, tokens: int) -> None:
     model, tokenizer = tiny_model_and_tokenizer()
     settings = AgentTrainSettings(method="belief-agent", reward="belief", group_size=group, max_turns=3,
                                   step_max_tokens=tokens, top_k=1, save_every=steps, steps=steps, lora_r=4,
-                                  learning_rate=1e-4)
-    train_agent(questions, MemoryRetriever(passages), copy.deepcopy(model), tokenizer, out, settings)
+                                  learning_rate=lr)
+    retriever = MemoryRetriever(passages)
+    train_agent(questions, retriever, copy.deepcopy(model), tokenizer, out, settings,
+                rollouts=EvenTokens(questions, retriever, settings))
 
 
 def run(processes: int, out: Path, args) -> list[dict]:
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     program = [str(HERE), "--worker", str(out), "--steps", str(args.steps), "--group", str(args.group),
-               "--tokens", str(args.tokens)]
+               "--tokens", str(args.tokens), "--lr", str(args.lr)]
     if processes == 1:
         command = [sys.executable, *program]
     else:
@@ -79,12 +90,13 @@ def correlation(a: list[float], b: list[float]) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--worker", metavar="OUT", help=argparse.SUPPRESS)
-    parser.add_argument("--steps", type=int, default=6)
-    parser.add_argument("--group", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--group", type=int, default=8)
     parser.add_argument("--tokens", type=int, default=16)
+    parser.add_argument("--lr", type=float, default=1e-2, help="LoRA learning rate (a tiny model, a stand-in reward)")
     args = parser.parse_args()
     if args.worker:
-        worker(Path(args.worker), args.steps, args.group, args.tokens)
+        worker(Path(args.worker), args.steps, args.group, args.tokens, args.lr)
         return
     with tempfile.TemporaryDirectory() as tmp:
         logs = {p: run(p, Path(tmp) / f"p{p}", args) for p in (1, 2)}
@@ -98,6 +110,11 @@ def main() -> None:
     mean = {p: sum(t[1:]) / max(len(t) - 1, 1) for p, t in times.items()}  # the first step warms up
     print(f"seconds a step (steps 2+): 1 process {mean[1]:.2f}, 2 processes {mean[2]:.2f}, "
           f"ratio 2/1 = {mean[2] / mean[1]:.2f}")
+    half = len(logs[1]) // 2
+    for p, log in logs.items():
+        rewards = [r.get("rewards/reward/mean", 0.0) for r in log]
+        print(f"{p} process(es): mean reward, first half of the steps {sum(rewards[:half]) / half:.3f}, "
+              f"second half {sum(rewards[half:]) / (len(rewards) - half):.3f}")
     for key in ("loss", "rewards/reward/mean"):
         a = [r.get(key, 0.0) for r in logs[1]]
         b = [r.get(key, 0.0) for r in logs[2]]

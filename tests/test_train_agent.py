@@ -553,3 +553,26 @@ def test_measure_signal_writes_a_line_per_question_and_resumes(tiny, tmp_path, m
     lines = [json.loads(x) for x in (tmp_path / SIGNAL_FILE).read_text().splitlines()]
     assert [x["question_id"] for x in lines] == ["q1", "q2", "q3"] and all(len(x["total"]) == 2 for x in lines)
     assert "groups" in again.summary()
+
+
+@needs_trl
+def test_full_fine_tuning_with_a_kl_term_takes_the_starting_policy_as_reference(tiny, tmp_path):
+    import copy
+
+    import torch
+
+    from metarag.train.agent import train_agent
+
+    base, tokenizer = tiny
+    settings = AgentTrainSettings(method="search-r1", reward="search-r1", lora=False, **{**TINY, "group_size": 4})
+    assert settings.kl_coef == 0.001
+    rollouts = _SpreadRewards(QUESTIONS, MemoryRetriever(PASSAGES), settings)
+    train_agent(QUESTIONS, MemoryRetriever(PASSAGES), copy.deepcopy(base), tokenizer, tmp_path, settings,
+                rollouts=rollouts)  # an in-memory model: TRL alone would look for it on the hub
+    trainer = rollouts.trainer
+    reference = dict(trainer.accelerator.unwrap_model(trainer.ref_model).named_parameters())
+    policy = dict(trainer.accelerator.unwrap_model(trainer.model).named_parameters())
+    name = "model.layers.0.mlp.up_proj.weight"
+    assert torch.equal(reference[name], dict(base.named_parameters())[name])  # the policy as it started
+    assert not torch.equal(policy[name], reference[name])  # which the step moved away from
+    assert not reference[name].requires_grad or trainer.ref_model is not trainer.model

@@ -210,6 +210,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="before training: roll out G per question for N questions with the untrained model and "
                          "print the share of groups whose rewards differ (those give a gradient); writes "
                          "OUT/signal.json and exits")
+    ta.add_argument("--vllm", choices=("off", "colocate", "server"), default=None,
+                    help="generate rollouts on TRL's vLLM engine: colocate (beside the policy on each GPU) or server "
+                         "(a `trl vllm-serve` at --set vllm_server_url=URL); default off (transformers)")
     ta.add_argument("--steps", type=positive_int, default=None, help="optimizer steps (default 10)")
     ta.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
                     help="stop (and save) after this many seconds of training")
@@ -604,6 +607,8 @@ def cmd_train_agent(args: argparse.Namespace) -> int:
     values.update(method=args.method, reward=args.reward, seed=args.seed)
     if args.steps is not None:
         values["steps"] = args.steps
+    if args.vllm is not None:
+        values["vllm"] = args.vllm
     if args.time_budget is not None:
         values["time_budget_s"] = args.time_budget
     if args.n_ctx is not None:  # the trainer's own setting is the window; the flag is another way to give it

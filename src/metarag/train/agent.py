@@ -585,9 +585,33 @@ def step_packed_trainer(trl: Any) -> type:
     positions and the block-causal mask of `packed_inputs`. Rows without a restart get the plain
     causal mask and positions, i.e. exactly what TRL computes. Text models with sdpa or eager
     attention (a 4D mask; flash attention takes none)."""
+    import copy
+
     import torch
 
     class StepPackedGRPOTrainer(trl.GRPOTrainer):
+        """(see `step_packed_trainer`) The reference model of full fine-tuning with a KL term is a
+        frozen copy of the policy as it starts, not a model TRL re-loads from the policy's config
+        path (which an in-memory model, or one read from a GGUF file, does not have)."""
+
+        def __init__(self, *args, model: Any = None, peft_config: Any = None, **kwargs):
+            from trl.trainer import grpo_trainer
+
+            needs_reference = peft_config is None and float(getattr(kwargs.get("args"), "beta", 0.0)) != 0.0 \
+                and not hasattr(model, "peft_config")
+            snapshot = copy.deepcopy(model) if needs_reference else None
+            load = grpo_trainer.create_model_from_path
+
+            def reference(model_id: str, **init: Any) -> Any:
+                dtype = init.get("dtype")
+                return snapshot.to(dtype) if isinstance(dtype, torch.dtype) else snapshot
+
+            grpo_trainer.create_model_from_path = reference if snapshot is not None else load
+            try:
+                super().__init__(*args, model=model, peft_config=peft_config, **kwargs)
+            finally:
+                grpo_trainer.create_model_from_path = load
+
         _scoring_positions = None
         _in_loss = False
         # seconds of the current optimizer step, logged as time/* metrics when it ends: the rollout
