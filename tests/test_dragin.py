@@ -156,8 +156,23 @@ def test_the_length_budget_ends_the_answer():
     # no "the answer is": each round adds a confident sentence until 100 tokens pass (4 x 30 words)
     sentence = " ".join(["word"] * 29) + " end."
     llm = ScriptedLLM([("Question: In which city", sentence)])
-    trace = run_dragin(DRAGINEntropy(DRAGINSettings(threshold=THETA)), llm)
+    trace = run_dragin(DRAGINEntropy(DRAGINSettings(threshold=THETA, force_answer=False)), llm)
     assert len(trace.of_kind(Generate)) == 4 and trace.usage.retrieval_calls == 0
+
+
+def test_a_chain_without_the_answer_is_forced_to_one_as_the_authors_evaluation_does():
+    """src/eval.py's regenerate_answer: the chain, " So the answer is", 20 more tokens, no passages."""
+    sentence = "The tower was built by the engineer Gustave Eiffel, who was born in Dijon."
+    llm = ScriptedLLM([("So the answer is$", " Dijon.\nMore text"), ("Question: In which city", sentence)])
+    trace = run_dragin(DRAGINEntropy(DRAGINSettings(threshold=THETA)), llm)
+    asks = trace.of_kind(Generate)
+    assert asks[-1].purpose == "force-answer" and asks[-1].prompt[-1].content.endswith("So the answer is")
+    assert "Context:" not in asks[-1].prompt[1].content  # no passages, as the authors' prompt
+    assert trace.answer == "Dijon"
+    # off: the answer is read from the chain alone, a whole sentence (what the issue found scored EM 0)
+    old = run_dragin(DRAGINEntropy(DRAGINSettings(threshold=THETA, force_answer=False)),
+                     ScriptedLLM([("Question: In which city", sentence)]))
+    assert old.answer != "Dijon" and not any(g.purpose == "force-answer" for g in old.of_kind(Generate))
 
 
 def test_defaults_are_the_hotpotqa_config():
@@ -229,7 +244,7 @@ def test_dragin_on_the_tiny_transformers_model_triggers_and_resumes(tiny, corpus
     assert [d.choice for d in trace.of_kind(Decide)] == ["retrieve"]
     (search,) = trace.of_kind(Retrieve)
     assert search.query.startswith(Q.text) and len(search.hits) == 3
-    assert [g.purpose for g in trace.of_kind(Generate)] == ["generate", "generate-with-passages"]
+    assert [g.purpose for g in trace.of_kind(Generate)][:2] == ["generate", "generate-with-passages"]
 
 
 # --------------------------------------------------------------------------------- real models
@@ -255,7 +270,8 @@ def test_dragin_entropy_and_self_rag_prompted_on_two_demo_questions_with_the_rea
             if method.name == "dragin-entropy":
                 assert {d.choice for d in decisions} <= {"none", "retrieve"}
                 assert trace.usage.retrieval_calls == sum(d.choice == "retrieve" for d in decisions)
-                assert all(t.entropy is not None for g in trace.of_kind(Generate) for t in g.logprobs)
+                assert all(t.entropy is not None for g in trace.of_kind(Generate) if g.purpose != "force-answer"
+                               for t in g.logprobs)
             else:
                 assert decisions[0].name == "self-rag-retrieve"
                 assert 0 <= decisions[0].signals["p_retrieval"] <= 1

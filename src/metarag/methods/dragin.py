@@ -103,6 +103,7 @@ QUESTION = "Question: {question}"
 ANSWER_PREFIX = "Answer:"
 STOP = ("\nQuestion:",)
 DONE = "the answer is"
+FORCE_ANSWER = "So the answer is"
 
 NEEDS_ATTENTION = ("dragin needs attention weights, which this LLM back-end does not return: run it with "
                    "--llm hf (or hf-0.5b, hf:PATH), or use the method dragin-entropy (entropy alone)")
@@ -121,7 +122,11 @@ class DRAGINSettings:
     max_rounds bounds the loop, which the code bounds only by the answer's length: 8, EvoCtx's
     round budget T (EvoCtx §4.1 aligns its baselines to T = 8), so at most 8 retrieval calls.
     `stop_at_fixed_point`: the shared rule (`methods/fixed_point.py`) on the answer so far; it
-    cannot fire as the loop stands, since a round that does not grow the answer ends the loop."""
+    cannot fire as the loop stands, since a round that does not grow the answer ends the loop.
+    `force_answer`: a chain that ends without "the answer is" (its budget spent, or the model
+    stopped) is continued with " So the answer is" for `answer_max_tokens` = 20 tokens, as the
+    authors' evaluation does (src/eval.py, `regenerate_answer`); off, the answer is read from the
+    chain alone (its first line when it names none)."""
 
     threshold: float = setting(0.8, ge=0)
     k: int = setting(3, ge=1)
@@ -130,6 +135,8 @@ class DRAGINSettings:
     exemplars: int = setting(3, ge=0, le=len(EXEMPLARS))
     max_rounds: int = setting(8, ge=1)
     stop_at_fixed_point: bool = True
+    force_answer: bool = True
+    answer_max_tokens: int = setting(20, ge=1)
 
     def __post_init__(self) -> None:
         check_ranges(self)
@@ -173,7 +180,7 @@ class DRAGIN:
     """DRAGIN as a policy: RIND decides when to retrieve, QFS what to retrieve (attention version)."""
 
     name = "dragin"
-    revision = 1
+    revision = 2  # 2: the forced final answer (force_answer)
     attention = True
     # checked against the back-end before the first question (methods.runner.check_needs)
     needs = {"token_entropy": NEEDS_ENTROPY.format(name="dragin"), "attentions": NEEDS_ATTENTION}
@@ -219,6 +226,13 @@ class DRAGIN:
             answer, length = grown, length + added
             if length > s.generate_max_length or DONE in answer.lower():
                 break
+        if s.force_answer and DONE not in answer.lower():
+            # the authors' evaluation (src/eval.py, regenerate_answer): the chain so far, " So the answer
+            # is", and 20 more tokens, with the exemplars and the question but no passages
+            forced = join(answer, FORCE_ANSWER)
+            out = yield Ask("force-answer", self.prompt(question.text, forced, ()),
+                            Decoding(max_tokens=s.answer_max_tokens, stop=STOP))
+            answer = join(forced, out.text.strip())
         return extract_short_answer(answer)
 
     # ---------------------------------------------------------------------------------- prompts
@@ -273,7 +287,7 @@ class DRAGINEntropy(DRAGIN):
     without attention weights (see the module docstring)."""
 
     name = "dragin-entropy"
-    revision = 1
+    revision = 2  # 2: the forced final answer (force_answer)
     attention = False
     needs = {"token_entropy": NEEDS_ENTROPY.format(name="dragin-entropy")}
 
