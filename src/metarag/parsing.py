@@ -428,13 +428,31 @@ def parse_step(text: str) -> tuple[str, str, bool]:
 _NEEDED = re.compile(r"^[\s*_]*(?:yes|no)\b[\s.,;:!*_]*", re.IGNORECASE)
 
 
-def parse_self_ask_step(text: str, first: bool) -> tuple[str, str, bool]:
-    """(kind, text, unlabelled) of one Self-Ask step: `parse_step`'s rules, after the yes/no that
-    answers "Are follow up questions needed here:" when this is the `first` reply (so a bare "No."
-    is no follow-up "No."; "No.\nSo the final answer is: X" is ("final", X))."""
+def parse_self_ask_step(text: str, first: bool, rule: str = "labelled") -> tuple[str, str, bool]:
+    """(kind, text, unlabelled) of one Self-Ask step, after the yes/no that answers "Are follow up
+    questions needed here:" when this is the `first` reply (so a bare "No." is no follow-up "No.";
+    "No.\nSo the final answer is: X" is ("final", X)).
+
+    rule "labelled", the authors' loop (ofirpress/self-ask, `promptf`: it goes on while "Follow up:"
+    is in the reply's last line, and otherwise asks for the final answer unless the reply gave one):
+    a follow-up only where the last non-empty line carries the "Follow up:" label; else "So the
+    final answer is: X" anywhere -> ("final", X); else ("final-prompt", "") — "So the answer is
+    Norway." or "Final answer: Norway" is no follow-up. Rule "first-line": `parse_step`'s rules
+    (IterDRAG's), where an unlabelled first line is read as the follow-up."""
     if first:
         text = text[_NEEDED.match(text).end():] if _NEEDED.match(text) else text
-    return parse_step(text)
+    if rule == "first-line":
+        return parse_step(text)
+    lines = [line for line in text.splitlines() if line.strip()]
+    follow = _FOLLOW_UP.search(lines[-1]) if lines else None
+    if follow:
+        query = strip_label(lines[-1][follow.end():])
+        if query:
+            return "follow-up", query, False
+    if _FINAL.search(text):
+        answer = final_after(text)
+        return ("final", answer, False) if answer else ("final-prompt", "", False)
+    return "final-prompt", "", not any(_FOLLOW_UP.search(line) for line in lines)
 
 
 # --------------------------------------------------------------------------- IRCoT's sentences

@@ -24,6 +24,7 @@ carry into the next prompt.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from metarag.errors import ConfigError
 from metarag.llm.base import Decoding
@@ -86,7 +87,11 @@ class SelfAskSettings:
     says). step/answer max tokens bound each generation. `stop_at_fixed_point`: the shared rule
     (`methods/fixed_point.py`) on the follow-ups with their answers and the passages held where a
     later prompt reads them; it cannot fire as the loop stands, since every step that goes on adds a
-    follow-up to the text.
+    follow-up to the text. `follow_up_rule` "labelled": the authors' loop, which goes on only while
+    the reply's last line carries "Follow up:" and otherwise asks for the final answer
+    (`parsing.parse_self_ask_step`); "first-line": an unlabelled first line is read as a follow-up
+    (IterDRAG's rule, this method's before revision 2, which searched with answers such as "So the
+    answer is Norway." as queries).
     """
 
     k: int = setting(5, ge=1)
@@ -96,6 +101,7 @@ class SelfAskSettings:
     step_max_tokens: int = setting(64, ge=1)
     answer_max_tokens: int = setting(32, ge=1)
     stop_at_fixed_point: bool = True
+    follow_up_rule: Literal["labelled", "first-line"] = "labelled"
 
     def __post_init__(self) -> None:
         check_ranges(self)
@@ -111,7 +117,7 @@ class SelfAsk:
 
     name = "self-ask"
     # Bumped when a prompt or rule changes what the method does for the same settings (hashed into run ids).
-    revision = 1
+    revision = 2  # 2: the authors' follow-up rule (follow_up_rule "labelled")
 
     def __init__(self, settings: SelfAskSettings = SelfAskSettings()):
         self.settings = settings
@@ -136,7 +142,7 @@ class SelfAsk:
                 states.append((list(held), list(chain)))
             out = yield Ask("follow-up", self._step_prompt(question, held, chain, ""),
                             Decoding(max_tokens=s.step_max_tokens, stop=STEP_STOP))
-            kind, text, unlabelled = parse_self_ask_step(out.text, first=not chain)
+            kind, text, unlabelled = parse_self_ask_step(out.text, first=not chain, rule=s.follow_up_rule)
             yield Note("self-ask-step", kind, (("step", float(step)), ("unlabelled", float(unlabelled))))
             if kind == "final":
                 return text
