@@ -114,6 +114,18 @@ def test_a_probe_without_label_mass_counts_as_incorrect_and_is_recorded(corpus):
     assert trace.answer == "Dijon"  # after N trials the last trial's answer is final
 
 
+def test_after_every_trial_fails_the_last_answer_given_is_final_not_a_halted_trials_empty_one(corpus):
+    """Trial 1 answers Paris; trial 2 (it reads a reflection) searches and runs out of steps: ""."""
+    llm = ScriptedLLM([(r"Reflection:", REFLECTION), (r"Notes written after them.*Thought \d+:$", SEARCH),
+                       (r"Thought 1:$", WRONG)], [(r"Proposed answer: Paris", {"Yes": 0.2, "No": 0.8})])
+    settings = dict(k=1, max_steps=1, trials=2)
+    trace = run(Reflexion(ReflexionSettings(**settings)), Q, Runtime(llm, MemoryRetriever(corpus)))
+    assert [(c, s.get("halted", 0.0)) for c, s in evals(trace)] == [("incorrect", 0.0), ("incorrect", 1.0)]
+    assert trace.answer == "Paris"
+    last = run(Reflexion(ReflexionSettings(**settings, final="last")), Q, Runtime(llm, MemoryRetriever(corpus)))
+    assert last.answer == ""  # revision 1's rule: the halted last trial's empty answer
+
+
 def test_the_trial_budget_bounds_the_trials(corpus):
     llm = ScriptedLLM([(r"Reflection:", REFLECTION), (r"Thought 1:$", WRONG)])
     trace = run(Reflexion(ReflexionSettings(evaluator="gold", trials=3)), Q, Runtime(llm, MemoryRetriever(corpus)))

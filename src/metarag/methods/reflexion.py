@@ -17,7 +17,8 @@ One question, as a policy over the shared runner loop:
 3. Correct: its answer is final. Incorrect, with trials left: the model writes a reflection on the
    transcript (closed with "Observation n: Answer is INCORRECT", as the paper's scratchpad is),
    appended to the memory (the paper keeps every reflection for HotpotQA), and the next trial runs.
-   After N trials the last trial's answer is final, as the paper scores the agent's last answer.
+   After N trials judged incorrect, the last answer given is final (`final`; the paper scores the
+   agent's last trial, which may have halted without one).
 
 Every evaluation is a `reflexion-eval` Decide step ("correct" / "incorrect", with the trial, P(Yes)
 or the EM, whether the feedback is the oracle's, whether the probe fell back, whether it halted).
@@ -29,7 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Generator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from metarag.errors import ConfigError
 from metarag.judges.gold import GoldMatch
@@ -70,7 +71,11 @@ class ReflexionSettings:
     (3,896, the agent's own halting rule). reflect_max_tokens = 250 (the code's reflection model
     max_tokens). `stop_at_fixed_point`: the shared rule on the memory; it cannot fire as the loop
     stands, since every trial that goes on appends a reflection (it applies inside each ReAct trial
-    too, on that trial's transcript).
+    too, on that trial's transcript). `final` is the answer when every trial is judged incorrect:
+    "last-answered" (default), the last trial that finished with an answer — the paper scores the
+    last trial, whose answer its oracle evaluator has just called wrong, so nothing is lost there,
+    but with the self evaluator an earlier trial's answer may be right while a last trial that
+    halted has none; "last": the last trial's answer, "" when it halted (before revision 2).
     """
 
     trials: int = setting(5, ge=1)
@@ -83,6 +88,7 @@ class ReflexionSettings:
     max_prompt_tokens: int = setting(3896, ge=0)
     reflect_max_tokens: int = setting(250, ge=1)
     stop_at_fixed_point: bool = True
+    final: Literal["last-answered", "last"] = "last-answered"
 
     def __post_init__(self) -> None:
         check_ranges(self)
@@ -118,7 +124,7 @@ class Reflexion:
     """Reflexion as a policy: ReAct trials, an evaluator, reflections carried into the next trial."""
 
     name = "reflexion"
-    revision = 1
+    revision = 2  # 2: after N incorrect trials, the last answered one's answer (final)
     components = ("react",)  # its actor is ReAct's trial
 
     def __init__(self, settings: ReflexionSettings = ReflexionSettings()):
@@ -138,13 +144,23 @@ class Reflexion:
             trial = yield from react_trial(question, s.actor, format_memory(reflections))
             trials.append(trial)
             correct = yield from self.evaluate(question, trial, t + 1)
-            if correct or t == s.trials - 1:
+            if correct:
                 return trial.answer
+            if t == s.trials - 1:
+                return self.final_answer(trials)
             task = REFLECT_TASK.format(question=question.text, transcript=failed_transcript(trial))
             out = yield Ask("reflect", (Message("system", REFLECT_SYSTEM), Message("user", task)),
                             Decoding(max_tokens=s.reflect_max_tokens, stop=("\nQuestion:", "\nPrevious trial")))
             reflections.append(" ".join(out.text.split()))
         return trials[-1].answer  # not reached: the last trial returns
+
+    def final_answer(self, trials: list[Trial]) -> str:
+        """The answer after every trial was judged incorrect (see `ReflexionSettings.final`)."""
+        if self.settings.final == "last-answered":
+            answered = [t.answer for t in trials if t.finished and t.answer]
+            if answered:
+                return answered[-1]
+        return trials[-1].answer
 
     def evaluate(self, question: Question, trial: Trial, number: int) -> Generator[Any, Any, bool]:
         """Whether `trial` is judged correct; records a `reflexion-eval` Decide step."""
