@@ -285,3 +285,13 @@ def test_a_fixed_point_ends_as_the_full_loop_would_at_the_step_limit(corpus, mon
     # the full 5 steps would end as step 2 (iteration 1) did: from the transcript step 3 started from
     finish = llm.prompts[-1].split(f"Question: {Q.text}")[-1]
     assert finish.count("Observation ") == 2 and finish.endswith("\nAction 3: Finish[")
+
+
+def test_a_thought_that_mentions_observation_is_not_cut(corpus):
+    """The paper's stop is "\\nObservation n:"; the word inside a thought ends nothing (revision 1 cut
+    it there and re-asked for the action)."""
+    reply = " My observation is that Eiffel was born in Dijon.\nAction 1: Finish[Dijon]\nObservation 1: done"
+    trace = run(ReAct(ReActSettings(k=2)), Q, Runtime(ScriptedLLM([(r"Thought 1:$", reply)]), MemoryRetriever(corpus)))
+    assert trace.answer == "Dijon"
+    assert [g.purpose for g in trace.of_kind(Generate)] == ["react-step"]  # no re-ask for the action
+    assert "Observation 1: done" not in trace.of_kind(Generate)[0].text  # the paper's stop still ends the step

@@ -8,7 +8,8 @@ One question:
    the user turn, the steps so far in the assistant turn, which each request continues from
    "Thought n:" (a final assistant message is continued, `actions.Ask`), so every request's prompt
    is the previous one's plus one step: a back-end's prefix cache reuses it. Generation stops at
-   "Observation" (the paper's code stops at "\\nObservation n:").
+   "\\nObservation n:" as the paper's code does (and at an unnumbered "\\nObservation:"), so a
+   thought that mentions the word "observation" is not cut.
 2. The reply's action (`parsing.split_thought_action`, `parsing.parse_react_action`: tolerant of
    case, spaces, quotes, a missing bracket, "Action n:" labels; of several actions the first) is
    carried out and its observation appended:
@@ -98,7 +99,7 @@ NO_MORE = "No more results."
 NO_PASSAGES = "No passages found."
 
 AT_STEP_LIMIT = ("empty", "finish")
-STOP = ("Observation", "\nQuestion:")
+STOP = ("\nObservation {i}:", "\nObservation:", "\nQuestion:")  # step i's stops (the paper's first)
 
 
 @dataclass(frozen=True)
@@ -210,7 +211,7 @@ def react_trial(question: Question, s: ReActSettings, memory: str = "") -> Gener
             starts.append(transcript)
         head = f"Thought {i}:"
         out = yield Ask("react-step", step_prompt(question.text, transcript + head, memory),
-                        Decoding(max_tokens=s.step_max_tokens, stop=STOP))
+                        Decoding(max_tokens=s.step_max_tokens, stop=tuple(x.format(i=i) for x in STOP)))
         thought, action_text = split_thought_action(out.text)
         used = out.usage.prompt_tokens + out.usage.completion_tokens
         reasked = action_text is None
@@ -255,7 +256,7 @@ class ReAct:
     """ReAct as a policy: Thought / Action / Observation over the retriever, Finish gives the answer."""
 
     name = "react"
-    revision = 1
+    revision = 2  # 2: stops at "\nObservation n:", not at the word anywhere
 
     def __init__(self, settings: ReActSettings = ReActSettings()):
         self.settings = settings
