@@ -290,7 +290,7 @@ def test_a_fixed_point_ends_as_the_full_loop_would_at_the_step_limit(corpus, mon
 def test_a_thought_that_mentions_observation_is_not_cut(corpus):
     """The paper's stop is "\\nObservation n:"; the word inside a thought ends nothing (revision 1 cut
     it there and re-asked for the action)."""
-    reply = " My observation is that Eiffel was born in Dijon.\nAction 1: Finish[Dijon]\nObservation 1: done"
+    reply = " The Observation above says Eiffel was born in Dijon.\nAction 1: Finish[Dijon]\nObservation 1: done"
     trace = run(ReAct(ReActSettings(k=2)), Q, Runtime(ScriptedLLM([(r"Thought 1:$", reply)]), MemoryRetriever(corpus)))
     assert trace.answer == "Dijon"
     assert [g.purpose for g in trace.of_kind(Generate)] == ["react-step"]  # no re-ask for the action
