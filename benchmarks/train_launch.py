@@ -53,8 +53,8 @@ def worker(out: Path, steps: int, group: int, tokens: int, lr: float) -> None:
                 Passage("p2", "Eiffel", "Gustave Eiffel was born in Dijon. He built the tower.")]
     model, tokenizer = tiny_model_and_tokenizer()
     settings = AgentTrainSettings(method="belief-agent", reward="belief", group_size=group, max_turns=3,
-                                  step_max_tokens=tokens, top_k=1, save_every=steps, steps=steps, lora=False, kl_coef=0.0,
-                                  learning_rate=lr)
+                                  step_max_tokens=tokens, top_k=1, save_every=steps, steps=steps, lora=False,
+                                  kl_coef=0.0, learning_rate=lr)
     retriever = MemoryRetriever(passages)
     train_agent(questions, retriever, copy.deepcopy(model), tokenizer, out, settings,
                 rollouts=EvenTokens(questions, retriever, settings))
@@ -93,7 +93,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--group", type=int, default=8)
     parser.add_argument("--tokens", type=int, default=16)
-    parser.add_argument("--lr", type=float, default=1e-3, help="learning rate (full fine-tuning of a tiny model, a stand-in reward)")
+    parser.add_argument("--lr", type=float, default=1e-3,
+                        help="learning rate (full fine-tuning of a tiny model, a stand-in reward)")
     args = parser.parse_args()
     if args.worker:
         worker(Path(args.worker), args.steps, args.group, args.tokens, args.lr)
@@ -101,7 +102,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         logs = {p: run(p, Path(tmp) / f"p{p}", args) for p in (1, 2)}
     times = {p: [r["step_time"] for r in log if "step_time" in r] for p, log in logs.items()}
-    print(f"{args.steps} GRPO steps, belief-agent, G = {args.group}, {args.tokens} tokens a step, tiny Qwen2, full fine-tuning")
+    print(f"{args.steps} GRPO steps, belief-agent, G = {args.group}, {args.tokens} tokens a step, tiny Qwen2, "
+          "full fine-tuning")
     print("step | 1 process: s, loss, reward | 2 processes: s, loss, reward")
     for one, two in zip(logs[1], logs[2]):
         print(f"{one['step']:>4} | {one.get('step_time', 0):6.2f} {one.get('loss', 0):+.4f} "

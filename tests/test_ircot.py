@@ -257,3 +257,15 @@ def test_a_fixed_point_ends_the_chain_and_goes_to_the_reader(corpus):
     assert action.state == ("ircot", ("p2", "p1", "p3", "p5"), ("Dijon is the capital of the Cote-d Or department.",))
     reader = policy.send(FixedPoint(1, 0, 0))
     assert isinstance(reader, Ask) and reader.purpose == "answer" and "[3] Dijon\n" in reader.prompt[-1].content
+
+
+def test_a_reply_that_begins_with_a_line_break_is_read_on_not_an_empty_sentence(corpus):
+    """The code strips a generation before splitting it; the "\\n" stop firing first ended the chain."""
+    sentence = "Gustave Eiffel was born in Dijon, so the answer is: Dijon."
+    llm = ScriptedLLM([(r"Short answer:|Answer:$", "Dijon"), (r"<assistant>\n\n$", sentence),
+                       (r"A:\s*(<assistant>\s*)?$", "\n" + sentence)])
+    trace = run(IRCoT(IRCoTSettings(k=2)), Q, Runtime(llm, MemoryRetriever(corpus)))
+    steps = [d.choice for d in trace.of_kind(Decide) if d.name == "ircot-step"]
+    assert steps == ["answer"] and [g.purpose for g in trace.of_kind(Generate)][:2] == ["reason", "reason"]
+    old = run(IRCoT(IRCoTSettings(k=2, leading_newline="end")), Q, Runtime(llm, MemoryRetriever(corpus)))
+    assert [d.choice for d in old.of_kind(Decide) if d.name == "ircot-step"] == ["empty"]

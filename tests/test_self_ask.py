@@ -3,7 +3,6 @@ scripted LLM (follow-ups then a final answer; no follow-up needed; the follow-up
 prompt reads under each setting, the step parser on adversarial replies, and one run on the real
 model."""
 import importlib.util
-import time
 
 import pytest
 from test_evoctx import check_golden

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Literal
 
 from metarag.errors import ConfigError
 from metarag.llm.base import Decoding
@@ -86,7 +87,10 @@ class IRCoTSettings:
     generation (one sentence is kept); `answer_max_tokens` the direct reader, `cot_max_tokens` the
     CoT reader. `stop_at_fixed_point`: the shared rule (`methods/fixed_point.py`) on the paragraphs
     and the sentences; it cannot fire as the loop stands, since every step that goes on adds a
-    sentence to the chain, so no step starts from an earlier one's state.
+    sentence to the chain, so no step starts from an earlier one's state. `leading_newline` "skip":
+    a reasoning reply that begins with a line break (the "\\n" stop fires before any text) is
+    continued once from after the break, as the code reads a stripped generation; "end": such a
+    reply is an empty sentence and ends the chain (before revision 2).
     """
 
     k: int = setting(6, ge=1)
@@ -97,6 +101,7 @@ class IRCoTSettings:
     answer_max_tokens: int = setting(32, ge=1)
     cot_max_tokens: int = setting(200, ge=1)
     stop_at_fixed_point: bool = True
+    leading_newline: Literal["skip", "end"] = "skip"
 
     def __post_init__(self) -> None:
         check_ranges(self)
@@ -109,7 +114,7 @@ class IRCoT:
 
     name = "ircot"
     # Bumped when a prompt or rule changes what the method does for the same settings (hashed into run ids).
-    revision = 1
+    revision = 2  # 2: a reply that begins with a line break is read on (leading_newline)
 
     def __init__(self, settings: IRCoTSettings = IRCoTSettings()):
         self.settings = settings
@@ -128,8 +133,14 @@ class IRCoT:
                     paragraphs, sentences = states[after] if after < len(states) else (paragraphs, sentences)
                     break
                 states.append((list(paragraphs), list(sentences)))
-            out = yield Ask("reason", reason_prompt(question.text, paragraphs, sentences),
-                            Decoding(max_tokens=s.step_max_tokens, stop=("\n",)))
+            prompt = reason_prompt(question.text, paragraphs, sentences)
+            out = yield Ask("reason", prompt, Decoding(max_tokens=s.step_max_tokens, stop=("\n",)))
+            if not out.text.strip() and out.finish_reason == "stop" and s.leading_newline == "skip":
+                # the reply began with a line break: the code strips the generation and reads on, so
+                # the sentence is what follows it (one more request, from after the break)
+                head, turn = prompt[:-1], prompt[-1]
+                out = yield Ask("reason", head + (Message("assistant", turn.content + out.text + "\n"),),
+                                Decoding(max_tokens=s.step_max_tokens, stop=("\n",)))
             sentence = first_sentence(out.text)
             if sentence:
                 sentences.append(sentence)
