@@ -43,7 +43,9 @@ attention sink); the normalization over the sentence cancels the scale. "Later t
 later (the paper); the code's max includes the token's attention to itself. The query's ranked
 words are the output's: the question and the answer written in earlier rounds sit in the prompt,
 whose token texts the LLM protocol does not return, so the question is kept whole at the query's
-start instead of competing word by word (with 35 query words the code keeps nearly all of it too).
+start instead of competing word by word (with 35 query words the code keeps nearly all of it too),
+and the answer written in earlier rounds is left out of the query altogether: the code ranks its
+words with the rest and can draw query words from it, this query cannot.
 Generation stops at "\\nQuestion:" (the code generates on into a next exemplar and cuts later).
 """
 from __future__ import annotations
