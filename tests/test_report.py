@@ -16,3 +16,16 @@ def test_rows_of_one_method_name_the_settings_they_differ_in_an_older_run_readin
     tell_apart(rows, runs)
     assert [r["method"] for r in rows] == ["metarag (internal_threshold=0.5)", "metarag (internal_threshold=0.6)",
                                            "no-such-method (extra=–)", "no-such-method (extra=2)", "standard-rag"]
+
+
+def test_adaptive_rag_rows_name_the_router_that_routed_them():
+    from metarag.evaluate.report import method_label
+
+    assert method_label({"method": "adaptive-rag", "method_settings": {"classifier": "llm", "route": "auto"}}) == \
+        "adaptive-rag (LLM classifier)"
+    assert method_label({"method": "adaptive-rag",
+                         "method_settings": {"classifier": "/x/routers/hotpot", "route": "auto"}}) == \
+        "adaptive-rag (router hotpot)"
+    assert method_label({"method": "adaptive-rag", "method_settings": {"classifier": "llm", "route": "B"}}) == \
+        "adaptive-rag (route B)"
+    assert method_label({"method": "ircot", "method_settings": {"k": 6}}) == "ircot"

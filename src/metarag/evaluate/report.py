@@ -131,10 +131,18 @@ def summarize(run: LoadedRun, prices: dict[str, Price] | None = None) -> dict:
 
 def method_label(settings: dict) -> str | None:
     """A run's method as its report row names it: "(oracle feedback)" after a method whose settings
-    give it the gold answers (Reflexion's evaluator=gold), so no table passes it off as a fair row."""
+    give it the gold answers (Reflexion's evaluator=gold), so no table passes it off as a fair row;
+    Adaptive-RAG with the router that routed it ("(LLM classifier)", or the trained router's folder
+    name), since the router decides what the row measures."""
     method = settings.get("method")
-    if (settings.get("method_settings") or {}).get("evaluator") == "gold":
+    own = settings.get("method_settings") or {}
+    if own.get("evaluator") == "gold":
         return f"{method} (oracle feedback)"
+    if method == "adaptive-rag" and own.get("classifier"):
+        classifier = str(own["classifier"])
+        if own.get("route", "auto") != "auto":
+            return f"{method} (route {own['route']})"
+        return f"{method} ({'LLM classifier' if classifier == 'llm' else 'router ' + Path(classifier).name})"
     return method
 
 
