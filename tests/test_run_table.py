@@ -92,3 +92,19 @@ def test_the_agent_table_retrieves_from_the_wiki_corpus_where_a_benchmark_has_no
     for run in (tmp_path / "runs").glob("*-bamboogle-*"):
         dataset = json.loads((run / "settings.json").read_text())["dataset"]
         assert dataset["corpus"] == str(wiki), run.name
+
+
+def test_the_aligned_evoctx_table_runs_the_papers_budget_where_a_method_exposes_it(tmp_path):
+    """EvoCtx §4.1 aligns its baselines to T = 8 rounds and k = 5 passages; rows whose own defaults
+    already are that share their run with the evoctx table."""
+    port = free_port()
+    with FakeOpenAIServer(port, answer="Paris") as server:
+        out = run_table(tmp_path, server.url, "evoctx-aligned", "demo", ROWS="ircot:k=5,max_steps=8 kirag:k=5,T=8")
+        assert out.returncode == 0, out.stderr
+        plain = run_table(tmp_path, server.url, "evoctx", "demo", ROWS="ircot")
+    assert plain.returncode == 0, plain.stderr
+    runs = {p.name.split("-demo-")[0] + ":" + json.dumps(
+        {k: v for k, v in json.loads((p / "settings.json").read_text())["method_settings"].items()
+         if k in ("k", "T", "max_steps")}, sort_keys=True) for p in (tmp_path / "runs").glob("*-demo-*")}
+    assert runs == {'ircot:{"k": 5, "max_steps": 8}', 'ircot:{"k": 6, "max_steps": 10}', 'kirag:{"T": 8, "k": 5}'}
+    assert (tmp_path / "runs" / "evoctx-aligned-demo.csv").is_file()
