@@ -179,3 +179,26 @@ def test_significance_mark():
     assert significance_mark(0.05) == ""
     assert significance_mark(0.07, alpha=0.1) == "*"
     assert significance_mark(math.nan) == ""
+
+
+def test_mean_shift_is_the_difference_of_means_with_a_bootstrap_interval():
+    from metarag.evaluate.stats import mean_shift
+
+    flat = mean_shift([1.0, 1.0], [3.0, 3.0])
+    assert (flat.diff, flat.low, flat.high) == (2.0, 2.0, 2.0)  # no spread: the interval is the point
+    shift = mean_shift([0.0, 1.0] * 10, [1.0] * 20, seed=3)
+    assert shift.diff == 0.5 and shift.low < 0.5 < shift.high and shift.high <= 1.0 and shift.low >= 0.0
+    assert mean_shift([0.0, 1.0] * 10, [1.0] * 20, seed=3) == shift  # seeded
+    with pytest.raises(ValueError, match="non-empty"):
+        mean_shift([], [1.0])
+
+
+def test_reward_trend_reads_the_first_and_last_window_of_a_run():
+    from metarag.errors import DataError
+    from metarag.train.agent import reward_trend
+
+    log = [{"step": i, "rewards/reward/mean": 0.0 if i <= 20 else 0.5} for i in range(1, 41)]
+    trend = reward_trend(log)
+    assert (trend.diff, trend.low, trend.high) == (0.5, 0.5, 0.5)
+    with pytest.raises(DataError, match="at least 40"):
+        reward_trend(log[:30])

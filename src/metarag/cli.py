@@ -588,9 +588,16 @@ def cmd_train_critic(args: argparse.Namespace) -> int:
 
 def cmd_train_agent(args: argparse.Namespace) -> int:
     if args.plot:
-        from metarag.train.agent import plot_curves
+        from metarag.errors import DataError
+        from metarag.train.agent import plot_curves, read_log, reward_trend
 
         print(plot_curves(args.plot))
+        try:
+            trend = reward_trend(read_log(args.plot))
+            print(f"reward, mean of the last 20 steps - mean of the first 20: {trend.diff:+.4f} "
+                  f"(95% bootstrap interval {trend.low:+.4f} .. {trend.high:+.4f})")
+        except DataError as exc:
+            print(f"no reward trend yet: {exc}")
         return 0
     from metarag.evaluate.harness import DatasetSpec
     from metarag.settings import override, parse_assignments

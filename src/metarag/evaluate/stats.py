@@ -140,3 +140,29 @@ def approximate_randomization(a: Sequence[float] | np.ndarray, b: Sequence[float
         (diffs,), abs_mean, permutation_type="samples", vectorized=True, n_resamples=n_resamples,
         batch=max(1, _BATCH_ELEMENTS // n), alternative="greater", random_state=np.random.default_rng(seed))
     return TestResult(statistic=mean, p_value=float(result.pvalue), mean_diff=mean, n=n)
+
+
+@dataclass(frozen=True)
+class Shift:
+    """mean(later) − mean(earlier) of two independent samples, with a percentile bootstrap interval."""
+
+    diff: float
+    low: float
+    high: float
+    level: float
+
+
+def mean_shift(earlier: Sequence[float], later: Sequence[float], n_resamples: int = 10_000, seed: int = 0,
+               level: float = 0.95) -> Shift:
+    """The shift of the mean from `earlier` to `later` (a training curve's first and last steps),
+    with the percentile bootstrap interval at `level`: each sample resampled with replacement on its
+    own, `n_resamples` times (seeded). Pure numpy."""
+    _check_resamples(n_resamples)
+    a, b = np.asarray(earlier, dtype=float), np.asarray(later, dtype=float)
+    if a.size == 0 or b.size == 0 or np.isnan(a).any() or np.isnan(b).any():
+        raise ValueError("mean_shift needs two non-empty samples without NaN")
+    rng = np.random.default_rng(seed)
+    draws = (rng.choice(b, (n_resamples, b.size)).mean(axis=1) - rng.choice(a, (n_resamples, a.size)).mean(axis=1))
+    tail = (1.0 - level) / 2
+    low, high = np.quantile(draws, [tail, 1.0 - tail])
+    return Shift(float(b.mean() - a.mean()), float(low), float(high), level)

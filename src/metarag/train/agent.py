@@ -447,6 +447,7 @@ class AgentRollouts:
                "rollout_reward": rewards,
                "rollout_layout": [s.layout for s in samples],
                "rollout_under_search": under.under_search_rate,
+               "rollout_over_search": under.over_search_rate,
                "rollout_failed": len(failed) / len(traces),
                "rollout_seconds": rollout_seconds(traces)}
         if any(s.packed for s in samples):
@@ -517,7 +518,7 @@ def reward_columns() -> tuple[list[Callable[..., list]], list[float]]:
         return read
 
     def reward(prompts, completions, rollout_reward, log_metric=None, rollout_layout=None,
-               rollout_under_search=None, rollout_failed=None, rollout_seconds=None, **_):
+               rollout_under_search=None, rollout_over_search=None, rollout_failed=None, rollout_seconds=None, **_):
         scored = [r for r in rollout_reward if r is not None]
         if log_metric is not None:
             for part, seconds in (rollout_seconds[0] if rollout_seconds else {}).items():
@@ -526,9 +527,10 @@ def reward_columns() -> tuple[list[Callable[..., list]], list[float]]:
             if scored:
                 log_metric("searches", sum(r.searches for r in scored) / len(scored))
                 log_metric("invalid_actions", sum(r.invalid_actions for r in scored) / len(scored))
-            under = rollout_under_search[0] if rollout_under_search else math.nan  # one value, per row
-            if not math.isnan(under):
-                log_metric("under_search_rate", under)
+            for name, rates in (("under_search_rate", rollout_under_search), ("over_search_rate", rollout_over_search)):
+                rate = rates[0] if rates else math.nan  # one value, per row
+                if not math.isnan(rate):
+                    log_metric(name, rate)
             if rollout_layout:
                 steps = [case for layout in rollout_layout for case in layout]
                 for case in LAYOUTS:
@@ -1113,8 +1115,8 @@ def trainable(model: Any) -> Any:
 # ---------------------------------------------------------------------------------------- plot
 CURVES = (("accuracy (EM)", ("rewards/outcome/mean",)),
           ("reward", ("rewards/reward/mean", "rewards/consistency/mean")),
-          ("searches per question", ("searches",)),
-          ("under-search rate", ("under_search_rate",)))
+          ("per rollout", ("searches", "invalid_actions")),
+          ("belief-action gap", ("under_search_rate", "over_search_rate")))
 
 
 def read_log(out_dir: str | Path) -> list[dict[str, Any]]:
@@ -1133,6 +1135,18 @@ def read_log(out_dir: str | Path) -> list[dict[str, Any]]:
             raise DataError(f"line {n} is not JSON", path=str(path)) from None
         by_step[int(record.get("step", 0))] = record
     return [by_step[s] for s in sorted(by_step)]
+
+
+def reward_trend(records: Sequence[dict[str, Any]], window: int = 20, key: str = "rewards/reward/mean",
+                 seed: int = 0) -> Any:
+    """mean of the last `window` steps' `key` − mean of the first `window`'s, with a 95 % bootstrap
+    interval (`evaluate.stats.mean_shift`): whether a run's reward rose. Needs 2 × window steps."""
+    from metarag.evaluate.stats import mean_shift
+
+    values = [r[key] for r in records if isinstance(r.get(key), (int, float)) and not math.isnan(r[key])]
+    if len(values) < 2 * window:
+        raise DataError(f"{len(values)} logged steps of {key}: the trend needs at least {2 * window}")
+    return mean_shift(values[:window], values[-window:], seed=seed)
 
 
 def plot_curves(out_dir: str | Path, file: str | Path | None = None) -> Path:
