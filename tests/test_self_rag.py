@@ -1,9 +1,12 @@
 """Self-RAG over a (scripted) Self-RAG checkpoint and the prompted variant: the retrieval decision,
 per-passage segments scored by their reflection-token probabilities, the best segment kept."""
+import importlib.util
+
 import pytest
 from conftest import CORPUS
 from test_evoctx import check_golden
 
+from metarag.llm.base import Decoding
 from metarag.llm.scripted import ScriptedLLM
 from metarag.methods.runner import Runtime, run
 from metarag.methods.self_rag import (
@@ -15,7 +18,7 @@ from metarag.methods.self_rag import (
     SelfRAGSettings,
     postprocess,
 )
-from metarag.records import Decide, Generate, Question, Retrieve, Score
+from metarag.records import Decide, Generate, Message, Question, Retrieve, Score
 from metarag.retrieve.memory import MemoryRetriever
 
 Q = Question("q1", "In which city was the engineer of the Eiffel Tower born?", ("Dijon",))
@@ -163,3 +166,27 @@ def test_prompted_variant_asks_each_reflection_as_a_label_question():
                                          (": Paris.</s>", "Paris"), ("[No Retrieval]The\nanswer", "Theanswer")])
 def test_postprocess_removes_the_reflection_tokens(raw, answer):
     assert postprocess(raw) == answer
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None or importlib.util.find_spec("gguf") is None,
+                    reason="needs llama-cpp-python and gguf")
+def test_reflection_tokens_that_are_special_tokens_are_scored_and_read_through_llama_cpp(tmp_path):
+    """Self-RAG's reflection tokens are added special tokens of its tokenizer: through a GGUF, a label
+    must score as that one token and the output must spell it (revision 1 of the back-end tokenized
+    labels as plain text and decoded without special tokens: near-zero label mass, empty text)."""
+    import math
+
+    from tiny_gguf import write_tiny_gguf
+
+    from metarag.llm.llama_cpp import LlamaCppLLM, LlamaCppSettings
+
+    path = tmp_path / "tiny-special.gguf"
+    tokens = write_tiny_gguf(path, favour="[Relevant]", logit=0.2)
+    llm = LlamaCppLLM(LlamaCppSettings(embedded=None, gguf=str(path), n_ctx=128, n_threads=1))
+    favoured = math.exp(32 * 0.2) / (math.exp(32 * 0.2) + len(tokens) - 1)  # the one raised logit
+    other = 1 / (math.exp(32 * 0.2) + len(tokens) - 1)
+    prompt = (Message("raw", "Passage: Paris is in France."),)
+    scores = llm.score_labels(prompt, ("[Relevant]", "[Irrelevant]"))
+    assert scores.probs == pytest.approx((favoured, other), rel=1e-2)  # llama.cpp computes in part in f16
+    out = llm.complete(prompt[0].content, Decoding(max_tokens=2))
+    assert out.text == "[Relevant][Relevant]" and [t.token for t in out.tokens] == ["[Relevant]"] * 2

@@ -181,14 +181,17 @@ class LlamaCppLLM:
         return self._check_fits(self._llm.tokenize(text.encode("utf-8"), add_bos=True, special=True))
 
     def detokenize(self, ids: Sequence[int]) -> str:
-        return self._llm.detokenize(list(ids)).decode("utf-8", errors="replace")
+        """The text of token ids, special tokens spelled out (as the transformers back-end decodes them)."""
+        return self._llm.detokenize(list(ids), special=True).decode("utf-8", errors="replace")
 
     def piece_tokens(self, text: str) -> list[int]:
         """Token ids of a piece of text inside a sequence: no BOS, special tokens not parsed."""
         return self._llm.tokenize(text.encode("utf-8"), add_bos=False, special=False)
 
     def _label_tokens(self, label: str) -> list[int]:
-        return self._llm.tokenize(label.encode("utf-8"), add_bos=False, special=False)
+        # special tokens parsed: a label that is one of the vocabulary's added special tokens (Self-RAG's
+        # "[Retrieval]", "[Relevant]" ...) is that one token, not its spelling's bytes
+        return self._llm.tokenize(label.encode("utf-8"), add_bos=False, special=True)
 
     def _check_fits(self, tokens: list[int]) -> list[int]:
         if len(tokens) >= self.settings.n_ctx:
@@ -234,7 +237,7 @@ class LlamaCppLLM:
                 eos = True
                 break
             lp = log_softmax(logits)
-            piece = self._llm.detokenize([token], prev_tokens=tokens + out)
+            piece = self._llm.detokenize([token], prev_tokens=tokens + out, special=True)
             out.append(token)
             raw += piece
             top = top_alternatives(lp, decoding.logprobs, self._piece)
@@ -316,7 +319,7 @@ class LlamaCppLLM:
         return log_softmax(self._logits() if logits is None else logits)
 
     def _piece(self, token: int) -> str:
-        return self._llm.detokenize([token]).decode("utf-8", errors="replace")
+        return self._llm.detokenize([token], special=True).decode("utf-8", errors="replace")
 
     # ----------------------------------------------------------------------- saved KV states
     def _best_saved(self, tokens: list[int]) -> tuple[int, ...] | None:
