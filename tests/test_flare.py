@@ -328,3 +328,16 @@ def test_flare_on_two_demo_questions_with_the_real_model():
         assert looks and all(g.logprobs for g in looks)
         assert trace.usage.retrieval_calls == 1 + sum(d.choice == "retrieve" for d in sentences)
         assert sum(d.signals["tokens"] for d in sentences) <= 32
+
+
+def test_the_exemplars_come_with_their_own_search_results_as_the_released_2wiki_config():
+    """`use_ctx_for_examplars: "ret"` in configs/2wikihop_flare_config.json: each exemplar after its results."""
+    from metarag.methods.flare import EXEMPLARS, FLARESettings, answer_task
+
+    task = answer_task("Who?")
+    assert FLARESettings().exemplar_contexts
+    assert task.count("Search results:") == 2
+    assert task.index("Brand (play): Brand is a play") < task.index("Question: What country was the author of Brand")
+    assert task.index("[1] Bubye River") < task.index("Question: What is the name of the waterfall")
+    plain = answer_task("Who?", exemplar_contexts=False)
+    assert "Search results" not in plain and EXEMPLARS in plain

@@ -71,9 +71,24 @@ EXEMPLARS = (
     "Question: What is the name of the waterfall in the country where the Bubye River is found?\n"
     "Answer: The Bubye River is found in Zimbabwe. The waterfall in Zimbabwe is Victoria Falls. So the answer is "
     "Victoria Falls.\n\n")
-ANSWER_TASK = ("Answer the question by reasoning step by step in a few short sentences, then end with 'So the "
+# Each exemplar's own search results, shown before it as the released 2Wiki configuration does
+# (`use_ctx_for_examplars`: "ret", the exemplars retrieval-augmented): the opening sentences of the
+# questions' supporting MuSiQue paragraphs, so the model sees how an answer uses its passages.
+EXEMPLAR_CONTEXTS = (
+    "Search results:\n[1] Brand (play): Brand is a play by the Norwegian playwright Henrik Ibsen.\n"
+    "[2] Nora Ibsen: Nora Bergliot Ibsen (born 1951) is a Norwegian theatrical producer, noted for being the "
+    "producer of the 2006 Ibsen Year, Norway's major anniversary of playwright Henrik Ibsen's death.\n",
+    "Search results:\n[1] Bubye River: The Bubye River, also known as Bubi River, is a tributary of the Limpopo "
+    "River in Beitbridge District and Gwanda District, Zimbabwe.\n"
+    "[2] Victoria Falls: Victoria Falls is a waterfall in southern Africa on the Zambezi River at the border "
+    "between Zambia and Zimbabwe.\n")
+ANSWER_HEAD = ("Answer the question by reasoning step by step in a few short sentences, then end with 'So the "
                "answer is <short answer>.' (a name, a date, a number, a short phrase, or yes/no), as in the "
-               "examples.\n\n" + EXEMPLARS + "Question: {question}\nAnswer:")
+               "examples.\n\n")
+ANSWER_TASK = ANSWER_HEAD + EXEMPLARS + "Question: {question}\nAnswer:"
+ANSWER_TASK_WITH_CONTEXTS = ANSWER_HEAD + "".join(
+    context + exemplar + "\n\n" for context, exemplar in zip(EXEMPLAR_CONTEXTS, EXEMPLARS.split("\n\n"))
+) + "Question: {question}\nAnswer:"
 # The released code's explicit-query prompt (templates.py `ask_question_text`), over the answer so far.
 QUESTION_TASK = ('{text}\n\nGiven the above passage, ask a question to which the answer is the term/entity/phrase '
                  '"{term}".')
@@ -105,6 +120,8 @@ class FLARESettings:
     `initial_retrieval`: retrieve with the question before the first sentence (the paper does).
     `stop_at_fixed_point`: the shared rule on the context and the answer so far; it cannot fire as
     the loop stands, since every sentence that goes on adds at least one token to the answer.
+    `exemplar_contexts`: each exemplar shown after its own search results, as the released 2Wiki
+    configuration's `use_ctx_for_examplars` ("ret") does; off: the exemplars alone (before revision 4).
     """
 
     k: int = setting(5, ge=1)
@@ -117,6 +134,7 @@ class FLARESettings:
     question_max_tokens: int = setting(32, ge=1)
     answer_max_tokens: int = setting(32, ge=1)
     stop_at_fixed_point: bool = True
+    exemplar_contexts: bool = True
 
     def __post_init__(self) -> None:
         check_ranges(self)
@@ -130,7 +148,8 @@ class FLARE:
     name = "flare"
     # Revision 2: revision 1's exemplars were HotpotQA train questions, which are also demo questions.
     # Revision 3: a stop that fires inside a sentence (an abbreviation, an initial) no longer ends it.
-    revision = 3
+    # Revision 4: the exemplars with their own search results (exemplar_contexts).
+    revision = 4
     # checked against the back-end before the first question (methods.runner.check_needs)
     needs = {"token_logprobs": "flare needs per-token probabilities, which this LLM back-end does not return: use "
                                "--llm embedded, gguf:PATH or hf"}
@@ -140,6 +159,7 @@ class FLARE:
 
     def policy(self, question: Question) -> Policy:
         s = self.settings
+        task = answer_task(question.text, s.exemplar_contexts)
         context: list[Hit] = (yield Search(question.text, s.k)) if s.initial_retrieval else []
         answer, used = "", 0
         states: list[list[Hit]] = []  # the context each sentence started from
@@ -155,7 +175,7 @@ class FLARE:
                     break
                 states.append(list(context))
             budget = min(s.look_ahead_tokens, s.max_tokens - used)
-            look = yield from _sentence("look-ahead", question.text, context, answer, budget)
+            look = yield from _sentence("look-ahead", task, context, answer, budget)
             sentence, probs, ended = first_sentence(look)
             if not sentence.strip():
                 break
@@ -173,7 +193,7 @@ class FLARE:
                     for q in queries:
                         found.append((yield Search(q, s.k)))
                     context = merge_round_robin(found, s.k)
-                    chosen = yield from _sentence("regenerate", question.text, context, answer, budget)
+                    chosen = yield from _sentence("regenerate", task, context, answer, budget)
                     sentence, probs, ended = first_sentence(chosen)
             choice = "retrieve" if chosen is not look else "keep"
             yield Note("flare-sentence", choice, (("sentence", float(index)), ("min_prob", lowest),
@@ -190,7 +210,7 @@ class FLARE:
         if found is not None:
             return found
         cue = answer + ("" if not answer or answer[-1].isspace() else " ") + ANSWER_CUE
-        out = yield Ask("answer", answer_prompt(question.text, context, cue),
+        out = yield Ask("answer", answer_prompt(task, context, cue),
                         Decoding(max_tokens=s.answer_max_tokens, stop=("\n",)))
         return clean_answer(out.text)
 
@@ -206,24 +226,29 @@ class FLARE:
         return questions
 
 
-def answer_prompt(question: str, context: Sequence[Hit], answer: str) -> tuple[Message, ...]:
-    """The passages, the exemplars and the question; the answer so far as the assistant's open turn."""
-    prompt = evidence_prompt(format_passages(context), ANSWER_TASK.format(question=question))
+def answer_task(question: str, exemplar_contexts: bool = True) -> str:
+    """The task: the instruction, the exemplars (after their own search results, or alone) and the question."""
+    return (ANSWER_TASK_WITH_CONTEXTS if exemplar_contexts else ANSWER_TASK).format(question=question)
+
+
+def answer_prompt(task: str, context: Sequence[Hit], answer: str) -> tuple[Message, ...]:
+    """The passages and the task (`answer_task`); the answer so far as the assistant's open turn."""
+    prompt = evidence_prompt(format_passages(context), task)
     return prompt + (Message("assistant", answer),) if answer else prompt
 
 
-def _sentence(purpose: str, question: str, context: Sequence[Hit], answer: str, budget: int) -> Policy:
+def _sentence(purpose: str, task: str, context: Sequence[Hit], answer: str, budget: int) -> Policy:
     """Ask for the next sentence of the answer, within `budget` tokens. When a sentence stop fired
     where no sentence ends (an abbreviation or an initial: "Henry J. "), ask again from the answer
     through that stop, with the budget left, and join the two outputs (their tokens' offsets shifted
     into one text), until a real sentence end or the budget is spent. Returns one Completion."""
-    out = yield Ask(purpose, answer_prompt(question, context, answer),
+    out = yield Ask(purpose, answer_prompt(task, context, answer),
                     Decoding(max_tokens=budget, stop=SENTENCE_STOPS, logprobs=1))
     _require_tokens(out)
     while (out.finish_reason == "stop" and out.stop in SENTENCE_STOPS[1:]
            and sentence_end(out.text + out.stop) is None and budget - len(out.tokens or ()) > 0):
         head = out.text + out.stop.rstrip()  # the open turn ends at the mark: the model writes the space
-        more = yield Ask(purpose, answer_prompt(question, context, answer + head),
+        more = yield Ask(purpose, answer_prompt(task, context, answer + head),
                          Decoding(max_tokens=budget - len(out.tokens or ()), stop=SENTENCE_STOPS, logprobs=1))
         _require_tokens(more)
         tokens = tuple(out.tokens or ()) + tuple(dataclasses.replace(t, offset=t.offset + len(head))
