@@ -332,14 +332,16 @@ def test_a_new_revision_of_a_method_run_inside_another_changes_the_composite_run
 
     cfg = config(tmp_path, method="adaptive-rag", overrides={"route": "C"})
     before = prepare(cfg)
-    assert "component_revisions" not in before[3]  # all its strategies at revision 1: the id stays put
+    assert before[3]["component_revisions"] == {"ircot": IRCoT.revision}  # revisions above 1 are hashed
     reflexion = prepare(config(tmp_path, method="reflexion"))
-    monkeypatch.setattr(IRCoT, "revision", 2)
+    monkeypatch.setattr(IRCoT, "revision", IRCoT.revision + 1)
     after = prepare(cfg)
-    assert after[3]["component_revisions"] == {"ircot": 2} and after[0].path != before[0].path
+    assert after[3]["component_revisions"] == {"ircot": IRCoT.revision} and after[0].path != before[0].path
     assert prepare(config(tmp_path, method="reflexion"))[0].path == reflexion[0].path  # it runs no IRCoT
-    monkeypatch.setattr(ReAct, "revision", 3)
-    assert prepare(config(tmp_path, method="reflexion"))[3]["component_revisions"] == {"react": 3}
+    monkeypatch.setattr(ReAct, "revision", ReAct.revision + 1)
+    assert prepare(config(tmp_path, method="reflexion"))[3]["component_revisions"] == {"react": ReAct.revision}
+    monkeypatch.setattr(IRCoT, "revision", 1)  # at revision 1 a component leaves the id as it was
+    assert "component_revisions" not in prepare(cfg)[3]
 
 
 def test_passages_per_question_counts_each_passage_once(tmp_path):

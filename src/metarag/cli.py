@@ -231,6 +231,13 @@ def build_parser() -> argparse.ArgumentParser:
     add_llm_args(ta)
     ta.set_defaults(handler=cmd_train_agent, llm="hf-0.5b")
 
+    me = sub.add_parser("methods", help="list the methods (ours, installed packages', registered), or one's settings",
+                        description="Every method with the first line of its docstring (its paper); with a name, "
+                                    "each setting's type, default and range or choices, and the settings' docstring "
+                                    "(the paper and section behind each default). Generated from the settings classes.")
+    me.add_argument("name", nargs="?", help="a method's name")
+    me.set_defaults(handler=cmd_methods)
+
     dr = sub.add_parser("doctor", help="check the installation before a long run",
                         description="Check llama.cpp's build and CPU features (AMX kernels compiled in or not), "
                                     "each embedded model and its sha256, a one-token decode in a child process, "
@@ -691,6 +698,18 @@ def cmd_calibrate_judges(args: argparse.Namespace) -> int:
     print("\nuse: " + " ".join(f"--set {c.setting}={c.threshold:g}" for c in results))
     if args.out:
         Path(args.out).write_text(json.dumps({c.setting: c.threshold for c in results}, indent=1) + "\n")
+    return 0
+
+
+def cmd_methods(args: argparse.Namespace) -> int:
+    from metarag.api import method_help, method_table
+
+    if args.name:
+        print(method_help(args.name))
+        return 0
+    print("| method | what | paper |\n|---|---|---|")
+    for row in method_table():
+        print(f"| {row['method']} | {row['what']} | {row['paper']} |")
     return 0
 
 

@@ -1,8 +1,12 @@
-"""Method names -> lazy import paths of each method and its settings class."""
+"""Method names -> each method class and its settings class: ours as lazy import paths, methods of
+other packages by the `metarag.methods` entry-point group, and methods registered in the process
+(`register_method`, a notebook's). Every front end (`evaluate`, `eval`, `sweep`, `report`, `view`)
+finds a method here by name, so a method from elsewhere runs through them exactly as ours do."""
 from __future__ import annotations
 
 import importlib
 from collections.abc import Mapping
+from importlib import metadata
 from typing import Any
 
 from metarag.errors import ConfigError, close_matches
@@ -38,37 +42,94 @@ METHODS: dict[str, tuple[str, str, str]] = {
 CLOSED_BOOK = frozenset({"closed-book", "cot"})
 
 
+# The entry-point group a package names its methods in (pyproject.toml):
+#   [project.entry-points."metarag.methods"]
+#   my-method = "my_package.my_module:MyMethod"     # a class with `settings_class`
+ENTRY_POINT_GROUP = "metarag.methods"
+_REGISTERED: dict[str, tuple[type, type]] = {}  # register_method's, and entry points once loaded
+
+
+def register_method(name: str, method: type, settings: type | None = None) -> None:
+    """Make `method` runnable by name everywhere ours are: a class built from one instance of its
+    frozen settings dataclass (`settings`, else the class's `settings_class`), whose instances have
+    `name` and `policy(question)` (the actions of `metarag.methods.actions`), optionally `revision`
+    (hashed into run ids: bump it when a prompt or rule changes) and `components`. A name of ours is
+    refused; registering a name again replaces it (a notebook cell run twice defines the class anew)."""
+    import dataclasses
+
+    settings = settings if settings is not None else getattr(method, "settings_class", None)
+    if settings is None or not dataclasses.is_dataclass(settings):
+        raise ConfigError(f"method {name!r}: give its settings dataclass (register_method(name, cls, settings) or a "
+                          "`settings_class` attribute)")
+    if not callable(getattr(method, "policy", None)):
+        raise ConfigError(f"method {name!r}: {method.__name__} has no policy(question) method")
+    if name in METHODS:
+        raise ConfigError(f"{name!r} is one of metarag's own methods: choose another name")
+    _REGISTERED[name] = (method, settings)
+
+
+def method_names() -> list[str]:
+    """Every method that can run: ours, then those of installed packages and registered ones."""
+    _load_entry_points()
+    return [*METHODS, *(n for n in _REGISTERED if n not in METHODS)]
+
+
+def method_classes(name: str) -> tuple[type, type]:
+    """The method class and the settings class of method `name`."""
+    if name in METHODS:
+        module, method_cls, settings_cls = METHODS[name]
+        loaded = importlib.import_module(module)
+        return getattr(loaded, method_cls), getattr(loaded, settings_cls)
+    if name not in _REGISTERED:
+        _load_entry_points()
+    try:
+        return _REGISTERED[name]
+    except KeyError:
+        raise ConfigError(f"unknown method {name!r}{close_matches(name, method_names())}") from None
+
+
+_entry_points_loaded = False
+
+
+def _load_entry_points() -> None:
+    """Register the methods installed packages name in the entry-point group, once per process; one
+    that does not load is refused with its package's name, never skipped."""
+    global _entry_points_loaded
+    if _entry_points_loaded:
+        return
+    _entry_points_loaded = True
+    for point in metadata.entry_points(group=ENTRY_POINT_GROUP):
+        if point.name in _REGISTERED or point.name in METHODS:
+            continue
+        try:
+            cls = point.load()
+        except Exception as exc:  # noqa: BLE001  a plugin's own import error, reported with its name
+            _entry_points_loaded = False
+            raise ConfigError(f"the method {point.name!r} of package {point.dist.name if point.dist else '?'} "
+                              f"({point.value}) does not load: {type(exc).__name__}: {exc}") from None
+        register_method(point.name, cls)
+
+
 def method_settings(name: str, values: Mapping[str, Any] | None = None) -> Any:
     """The resolved settings of method `name`: its paper defaults with `values` applied."""
-    module, _, settings_cls = _entry(name)
-    settings = getattr(importlib.import_module(module), settings_cls)()
-    return override(settings, values or {}, owner=f"method {name!r}")
+    _, settings_cls = method_classes(name)
+    return override(settings_cls(), values or {}, owner=f"method {name!r}")
 
 
 def build_method(name: str, values: Mapping[str, Any] | None = None):
     """An instance of method `name` with its settings overridden by `values`."""
-    module, method_cls, _ = _entry(name)
-    settings = method_settings(name, values)
-    return getattr(importlib.import_module(module), method_cls)(settings)
+    method_cls, _ = method_classes(name)
+    return method_cls(method_settings(name, values))
 
 
 def method_revision(name: str) -> int:
     """The revision of method `name`'s prompts and rules (a class attribute `revision`, 1 when absent)."""
-    module, method_cls, _ = _entry(name)
-    return int(getattr(getattr(importlib.import_module(module), method_cls), "revision", 1))
+    return int(getattr(method_classes(name)[0], "revision", 1))
 
 
 def component_revisions(name: str) -> dict[str, int]:
     """The revisions of the methods that method `name` runs inside it (a class attribute `components`,
     the registry names of e.g. Adaptive-RAG's three strategies or Reflexion's ReAct actor), so that a
     change to one of them changes the composite's run ids too; those at revision 1 are left out."""
-    module, method_cls, _ = _entry(name)
-    parts = getattr(getattr(importlib.import_module(module), method_cls), "components", ())
+    parts = getattr(method_classes(name)[0], "components", ())
     return {part: rev for part in parts if (rev := method_revision(part)) > 1}
-
-
-def _entry(name: str) -> tuple[str, str, str]:
-    try:
-        return METHODS[name]
-    except KeyError:
-        raise ConfigError(f"unknown method {name!r}{close_matches(name, METHODS)}") from None

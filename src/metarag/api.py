@@ -1,0 +1,136 @@
+"""The Python face of metarag: run a method on a dataset and get its results and report table back,
+the way `metarag eval` and `metarag report` do from the shell; write a method of your own as a
+policy that yields actions, and register it so every front end runs it by name.
+
+    import metarag
+    run = metarag.run("standard-rag", "demo", limit=2)
+    print(run.table())            # the table `metarag report` prints
+    run.results                   # one row per question (a pandas DataFrame)
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from metarag.errors import MissingDependency
+
+
+@dataclass(frozen=True)
+class Run:
+    """A run folder read back: its path, its resolved settings and every question's newest result,
+    in dataset order (failed questions included: they score 0)."""
+
+    path: Path
+    settings: dict
+    records: tuple[Any, ...]
+
+    @classmethod
+    def load(cls, path: str | Path) -> Run:
+        """The run in the folder `path` (one `metarag eval` wrote)."""
+        from metarag.evaluate.report import load_run
+
+        loaded = load_run(path)
+        return cls(loaded.path, loaded.settings, loaded.results)
+
+    def table(self, *others: Run, baseline: int | None = 0, columns: Sequence[str] | None = None) -> str:
+        """The report table of this run and `others` (markdown, as `metarag report` prints it); with
+        `baseline` (an index, 0 = this run) the others carry paired tests against it."""
+        from metarag.evaluate.report import load_run, report_table
+
+        table, _ = report_table([load_run(r.path) for r in (self, *others)],
+                                baseline=baseline if others else None, columns=columns)
+        return table
+
+    @property
+    def results(self) -> Any:
+        """One row per question as a pandas DataFrame: id, gold answers, prediction, EM, F1, cover
+        accuracy, supporting-passage recall, searches, model requests, tokens, latency and error."""
+        try:
+            import pandas
+        except ModuleNotFoundError:
+            raise MissingDependency("pandas", "eval") from None
+        return pandas.DataFrame([_row(r) for r in self.records])
+
+
+def _row(result: Any) -> dict[str, Any]:
+    usage = result.trace.usage
+    return {"question_id": result.question_id, "golds": list(result.golds), "prediction": result.prediction,
+            "em": result.scores.em, "f1": result.scores.f1, "acc": result.scores.acc,
+            "support_recall": result.support_recall, "searches": usage.retrieval_calls,
+            "llm_requests": usage.llm_requests, "prompt_tokens": usage.prompt_tokens,
+            "completion_tokens": usage.completion_tokens, "latency_s": usage.latency_s, "error": result.error}
+
+
+def run(method: str, dataset: str | Path, *, llm: str = "embedded", retriever: str = "bm25",
+             settings: Mapping[str, Any] | None = None, limit: int | None = None, seed: int = 0,
+             corpus: str | Path | None = None, runs_dir: str | Path | None = None, progress: bool = False,
+             llm_instance: Any = None, retriever_instance: Any = None) -> Run:
+    """Evaluate `method` on `dataset` (or resume that run) and return the run. (`run`, not
+    `evaluate`: `metarag.evaluate` is the package of the harness, metrics and reports.)
+
+    `method`: a name of `metarag methods` (ours, an installed package's, or one `register_method`
+    added). `dataset`: a preset name (`hotpotqa-dev500`, `demo` ...) or a question file (its format
+    detected; `corpus` gives its passages). `llm`: a model spec as `--llm` takes it (`embedded`,
+    `hf-0.5b`, `gguf:PATH`, `openai:MODEL@URL` ...). `settings`: the method's settings to change
+    (`{"k": 3}`). `limit`/`seed`: a seeded sample. `runs_dir`: where run folders go (default
+    `$METARAG_RUNS`, else ./runs). `llm_instance` / `retriever_instance`: objects to use instead of
+    building them from the specs (a scripted model in a test, a shared retrieval service); the run
+    id still names the specs. The run folder, its id and its resume are `metarag eval`'s."""
+    from metarag.evaluate.harness import DatasetSpec, EvalConfig, evaluate, runs_dir_default
+    from metarag.llm.registry import parse_llm_spec
+
+    given = Path(str(dataset)).expanduser()
+    is_file = given.suffix != "" or given.exists()
+    spec = DatasetSpec(preset=None if is_file else str(dataset), file=str(given) if is_file else None,
+                       corpus=str(corpus) if corpus is not None else None, limit=limit, seed=seed)
+    config = EvalConfig(method=method, dataset=spec, llm=parse_llm_spec(llm), retriever=retriever,
+                        overrides={k: str(v) if not isinstance(v, str) else v for k, v in (settings or {}).items()},
+                        runs_dir=str(runs_dir if runs_dir is not None else runs_dir_default()))
+    store, _ = evaluate(config, progress=progress, llm=llm_instance, retriever=retriever_instance)
+    return Run.load(store.path)
+
+
+def method_table() -> list[dict[str, str]]:
+    """Every method that can run: its name, what it is (the first line of its class's docstring) and
+    its paper (the first sentence of its module's docstring, which names the authors and year)."""
+    import re
+    import sys
+
+    from metarag.methods.registry import method_classes, method_names
+
+    rows = []
+    for name in method_names():
+        cls, _ = method_classes(name)
+        module = sys.modules.get(cls.__module__)
+        paper = " ".join(((module.__doc__ or "") if module is not None else "").split("\n\n")[0].split())
+        what = " ".join((cls.__doc__ or "").strip().split("\n")[0].split())
+        cited = re.match(r"(.+?\([^()]*?(?:19|20)\d\d)", paper)  # "ReAct (Yao et al., 2023"
+        rows.append({"method": name, "what": what, "paper": cited.group(1) + ")" if cited else paper.split(": ")[0]})
+    return rows
+
+
+def method_help(name: str) -> str:
+    """Method `name`'s settings: each one's type, default and range or choices, then the settings
+    class's docstring (where the paper and section of each default are named)."""
+    import dataclasses
+    import typing
+
+    from metarag.methods.registry import method_classes
+    from metarag.settings import Range
+
+    _, settings_cls = method_classes(name)
+    hints = typing.get_type_hints(settings_cls)
+    lines = [f"{name} ({settings_cls.__name__})", "", "| setting | type | default | range or choices |",
+             "|---|---|---|---|"]
+    for field in dataclasses.fields(settings_cls):
+        tp = hints.get(field.name, field.type)
+        choices = typing.get_args(tp) if typing.get_origin(tp) is typing.Literal else ()
+        bounds = field.metadata.get("range", Range())
+        limits = ", ".join(map(str, choices)) if choices else bounds.describe() if bounds != Range() else ""
+        kind = "one of" if choices else getattr(tp, "__name__", str(tp))
+        default = field.default if field.default is not dataclasses.MISSING else "(required)"
+        lines.append(f"| {field.name} | {kind} | {default!r} | {limits} |")
+    doc = (settings_cls.__doc__ or "").strip()
+    return "\n".join(lines + ["", doc]) if doc else "\n".join(lines)
