@@ -1,7 +1,8 @@
 """metarag: metacognitive and adaptive retrieval-augmented generation for multi-hop QA.
 
-The few names a user needs: `run` a method on a dataset (a `Run`: its results and report table), write a method (`Method`, a policy yielding the actions `Search`, `Ask`, `Probe`, `Assess`,
-`Note`, `Clip` over `Question`s, `Message`s and `Decoding`s) and `register_method` it. Importing the
+The few names a user needs: `run` a method on a dataset (a `Run`: its results and report table),
+write a method (`Method`, a policy yielding the actions `Search`, `Ask`, `Probe`, `Assess`, `Note`,
+`Clip` over `Question`s, `Message`s and `Decoding`s) and `register_method` it. Importing the
 package pulls the standard library and numpy only: each name is imported when first used, every model
 back-end lazily by the component that needs it.
 """
