@@ -180,3 +180,29 @@ def test_server_vllm_and_a_search_agent_rollout_laid_out_for_training(policy):
     assert "<information>" in policy.detokenize([i for i, m in zip(sample.completion_ids, sample.env_mask) if not m])
     # the belief probe scored on the live policy: a Score step with a probability in [0, 1]
     assert any(getattr(s, "purpose", "") == "belief-probe" for s in trace.steps)
+
+
+def test_a_process_without_trls_client_opens_its_own_for_requests(policy, monkeypatch):
+    """In server mode TRL keeps its client (and the weight-sync communicator) on the main process;
+    every other process's rollouts need one to send requests with."""
+    from types import SimpleNamespace
+
+    pytest.importorskip("trl")
+    import trl.generation.vllm_client as client_module
+
+    opened = []
+
+    class Client(FakeClient):
+        def __init__(self, base_url=None, connection_timeout=0.0):
+            super().__init__(policy.tokenizer)
+            opened.append(base_url)
+
+    monkeypatch.setattr(client_module, "VLLMClient", Client)
+    generation = SimpleNamespace(mode="server", server_base_url=None, server_host="10.0.0.7", server_port=8000,
+                                 server_timeout=240.0)
+    trainer = SimpleNamespace(vllm_generation=generation, processing_class=policy.tokenizer)
+    llm = VLLMRollouts.from_trainer(trainer, policy.model, "tiny:step1", n_ctx=512)
+    assert opened == ["http://10.0.0.7:8000"] and isinstance(llm.engine, ServerEngine)
+    out = llm.generate_batch([(Message("user", "Question: capital of France?"),)],
+                             [Decoding(max_tokens=64, stop=("</search>",), temperature=1.0, seed=1)])[0]
+    assert out.stop == "</search>"

@@ -131,8 +131,16 @@ class VLLMRollouts:
         from metarag.llm.hf import HFLLM, HFSettings
 
         generation = trainer.vllm_generation
-        engine = ColocatedEngine(generation.llm) if generation.mode == "colocate" else \
-            ServerEngine(generation.vllm_client)
+        if generation.mode == "colocate":
+            engine: Any = ColocatedEngine(generation.llm)
+        else:  # TRL's client (with the weight-sync communicator) lives on the main process only
+            client = getattr(generation, "vllm_client", None)
+            if client is None:  # another process: a client of its own, for requests only
+                from trl.generation.vllm_client import VLLMClient
+
+                base = generation.server_base_url or f"http://{generation.server_host}:{generation.server_port}"
+                client = VLLMClient(base_url=base, connection_timeout=generation.server_timeout)
+            engine = ServerEngine(client)
         inner = model.get_base_model() if hasattr(model, "get_base_model") else model
         policy = HFLLM.from_model(inner, trainer.processing_class, identity=identity,
                                   settings=HFSettings(embedded=None, n_ctx=n_ctx))
