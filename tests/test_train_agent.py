@@ -512,7 +512,7 @@ def test_two_steps_of_the_cpu_recipe_on_a_tiny_model_log_where_the_time_went(tin
 
     base, tokenizer = tiny
     settings = recipe_settings("cpu", steps=2, step_max_tokens=5, lora_r=4, save_every=1, group_size=2,
-                               train_batch_size=2, max_turns=2)
+                               train_batch_size=2, max_turns=2, keep_checkpoints=1)
     rollouts = AgentRollouts(QUESTIONS, MemoryRetriever(PASSAGES), settings)
     report = train_agent(QUESTIONS, MemoryRetriever(PASSAGES), copy.deepcopy(base), tokenizer, tmp_path, settings,
                          rollouts=rollouts)
@@ -521,6 +521,7 @@ def test_two_steps_of_the_cpu_recipe_on_a_tiny_model_log_where_the_time_went(tin
     assert args.bf16 and rollouts.trainer.beta == 0.0 and rollouts.trainer.ref_model is None
     log = read_log(tmp_path)
     assert [r["step"] for r in log] == [1, 2]
+    assert sorted(p.name for p in (tmp_path / "trainer").glob("checkpoint-*")) == ["checkpoint-2"]  # the newest kept
     for record in log:
         assert record["time/rollouts"] > 0 and record["time/policy"] > 0 and record["time/generation"] > 0
         assert record["time/probe"] > 0 and record["time/reference"] == 0.0  # KL 0: no reference pass

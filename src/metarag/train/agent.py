@@ -79,7 +79,9 @@ class AgentTrainSettings:
     sequence runs to thousands of tokens, and eager attention keeps an n × n matrix per head and layer
     for the backward pass (a 0.5B step on a 2,000-token belief-agent rollout ran out of 23 GB).
     `train_batch_size` rollouts go through one forward / backward pass (TRL's
-    `per_device_train_batch_size`; 1: one at a time, the least memory).
+    `per_device_train_batch_size`; 1: one at a time, the least memory). `keep_checkpoints`: only the
+    newest 3 checkpoints are kept (TRL's `save_total_limit`; each holds a merged full model, 6 GB for
+    a 1.5B in float32); 0 keeps every one.
     search-r1 takes `max_turns` as Search-R1's trainer does (`max_turns` search turns, then one final
     answer turn: T = max_turns + 1 generations); belief-agent's T = max_turns counts the forced answer
     (the paper's agent)."""
@@ -109,6 +111,7 @@ class AgentTrainSettings:
     attn_implementation: str = "sdpa"
     train_batch_size: int = setting(1, ge=1)
     save_every: int = setting(5, ge=1)
+    keep_checkpoints: int = setting(3, ge=0)
     time_budget_s: float = setting(0.0, ge=0)
     seed: int = 0
 
@@ -829,7 +832,8 @@ def train_agent(questions: Sequence[Question], retriever: Any, model: Any, token
         lr_scheduler_type="constant", warmup_steps=0,
         temperature=settings.temperature, max_completion_length=settings.step_max_tokens,
         loss_type=settings.loss_type, scale_rewards="group", mask_truncated_completions=False,
-        save_strategy="steps", save_steps=settings.save_every, logging_steps=1, report_to="none",
+        save_strategy="steps", save_steps=settings.save_every, save_total_limit=settings.keep_checkpoints or None,
+        logging_steps=1, report_to="none",
         seed=settings.seed, data_seed=settings.seed, bf16=autocast, use_cpu=not on_gpu,
         gradient_checkpointing=settings.gradient_checkpointing,
         gradient_checkpointing_kwargs={"use_reentrant": False}, disable_dropout=True, remove_unused_columns=False,
