@@ -493,7 +493,7 @@ def test_cpu_recipe_resolves_to_its_settings_and_keeps_the_papers_method():
 
     s = recipe_settings("cpu")
     assert (s.max_turns, s.step_max_tokens, s.top_k, s.kl_coef, s.train_batch_size, s.gradient_checkpointing,
-            s.precision, s.learning_rate, s.lora) == (3, 128, 2, 0.0, 5, False, "bf16-autocast", 1e-5, True)
+            s.precision, s.learning_rate, s.lora) == (3, 128, 2, 0.0, 1, False, "bf16-autocast", 1e-5, True)
     # the paper's reward, its gap diagnosis (the probe at every step), verify-first and G stay
     assert s.reward == "belief" and s.method == "belief-agent" and s.group_size == 5
     assert s.method_overrides()["probe"] is True

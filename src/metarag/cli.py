@@ -204,8 +204,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "belief-over-only, belief-under-only, belief-ungated, beta-grpo, hiprag (HiPRAG's process "
                     "reward: LLM judges mark over- and under-search steps)")
     ta.add_argument("--recipe", default="paper", help="a named preset of the settings below: paper (default: the "
-                    "paper's), cpu (a step the 2-core CPU can afford: 3 turns, 128 tokens, top-2, KL 0, batched "
-                    "rows, bf16 autocast, LoRA at 1e-5; train/agent.py RECIPES says why); --set overrides it")
+                    "paper's), cpu (a step the 2-core CPU can afford: 3 turns, 128 tokens, top-2, KL 0, no "
+                    "checkpointing, bf16 autocast, LoRA at 1e-5; train/agent.py RECIPES says why); --set overrides it")
     ta.add_argument("--measure-signal", type=positive_int, default=None, metavar="N",
                     help="before training: roll out G per question for N questions with the untrained model and "
                          "print the share of groups whose rewards differ (those give a gradient); writes "

@@ -156,9 +156,11 @@ RECIPES: dict[str, dict[str, Any]] = {
         # pass was a forward over every row (cost: nothing holds the policy near the base but LoRA's
         # small rank and the learning rate).
         "kl_coef": 0.0,
-        # all G rows of a step in one forward / backward, and no gradient checkpointing: rows of
-        # ~1,000 tokens on the 0.5B fit in memory many times over, and recomputation costs a forward.
-        "train_batch_size": 5,
+        # no gradient checkpointing (recomputation costs a forward), and so one row at a time: a
+        # belief-agent row is packed (a 4D block mask), which sends attention down SDPA's math path on
+        # the CPU, keeping every L x L attention matrix for the backward pass (~3 GB for a 1,500-token
+        # row of the 0.5B); five rows at once took 14.6 GB and were killed beside another job.
+        "train_batch_size": 1,
         "gradient_checkpointing": False,
         # bf16 autocast over float32 weights for rollouts and training: this CPU's AVX512-BF16
         # matmuls are ~6x float32's (benchmarks/train_step.py prints which the CPU has).
