@@ -5,24 +5,27 @@ Policy Optimization for Agentic RAG", §3.5, Algorithm 1, Appendix D.1) or any o
 
 Rollouts are the evaluation policy: TRL's `rollout_func` hook runs the agent's own policy through
 `methods/runner.run_many` on the transformers back-end wrapping the trainer's live model
-(`HFLLM.from_model`), sampled (temperature 1.0, a seed per rollout), G rollouts per question, the
-belief probe on at every decision step. Each finished trace is laid out as ONE training sequence with
-a mask (`rollout_sample`): the first step's prompt is the prompt; the completion is every step's
-generated token ids (env_mask 1, with their sampled log-probs) and, between them, the tokens the
-model did not generate (env_mask 0): the `<information>` blocks and notes injected into search-r1's
-growing transcript, and for belief-agent the re-built step prompts. One sequence, not one sample per
-step, because TRL's GRPO forms its groups from exactly G completions per prompt. For search-r1 the
-sequence is the text the model read at every step (its transcript grows), with the sampled ids kept;
-the ids equal the back-end's own tokenization of a later step's prompt only where re-tokenizing the
-grown transcript keeps them (Qwen's tokenizer mostly merges the token after `</search>` with the
-injected newlines, so later steps are mostly `text-continued`: the same text, a boundary token
-apart). For belief-agent a later step's output is trained after the whole sequence before it, which
-its rollout did not see (the paper's agent rebuilds the prompt each step). `layout/*` metrics count
-each step's case.
+(`HFLLM.from_model`, through TRL's `unwrap_model_for_generation`) or on TRL's vLLM engine
+(`llm/vllm.py`), sampled (temperature 1.0, a seed per rollout and process), G rollouts per question,
+the belief probe on at every decision step. Each finished trace is laid out as one training row with a
+mask (`rollout_sample`): the first step's prompt is the prompt; the completion is every step's
+generated token ids (env_mask 1, with their sampled log-probs) and, between them, the tokens the model
+did not generate (env_mask 0, log-prob 0.0): the `<information>` blocks and notes injected into
+search-r1's growing transcript, and for belief-agent the re-built step prompts. One row per rollout,
+because TRL's GRPO forms its groups from exactly G completions per prompt. For search-r1 the row is
+the text the model read at every step (its transcript grows), with the sampled ids kept; the ids equal
+the back-end's own tokenization of a later step's prompt only where re-tokenizing the grown transcript
+keeps them (Qwen's tokenizer mostly merges the token after `</search>` with the injected newlines, so
+later steps are mostly `text-continued`: the same text, a boundary token apart). For belief-agent each
+re-built step prompt starts a segment of its own: its positions restart at 0 and
+`StepPackedGRPOTrainer` lets it attend only within the segment, so every step is trained on exactly
+the context it was sampled from (verl-agent's per-step samples, packed in one row that shares the
+rollout's advantage). `layout/*` metrics count each step's case.
 
 The reward and its parts come from the trace (`train/rewards.py`'s registry) and are logged
 separately: the total as TRL's reward, outcome / consistency / penalty as zero-weight reward columns,
-searches, invalid actions and the pooled under-search rate as metrics.
+searches, invalid actions, the pooled under- and over-search rates and where the step's time went
+(`time/*`) as metrics.
 """
 from __future__ import annotations
 
