@@ -156,6 +156,9 @@ class VLLMRollouts:
     def detokenize(self, ids: Sequence[int]) -> str:
         return self.policy.detokenize(ids)
 
+    def piece_tokens(self, text: str) -> list[int]:
+        return self.policy.piece_tokens(text)
+
     def check_prompt(self, prompt: Prompt) -> None:
         self.policy.check_prompt(prompt)
 

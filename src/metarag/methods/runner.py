@@ -19,7 +19,6 @@ import traceback
 from collections import deque
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field, replace
-from functools import partial
 from typing import Any, Protocol
 
 from metarag.errors import BackendError, ConfigError, MetaRAGError
@@ -355,18 +354,14 @@ def execute(action: Action, runtime: Runtime) -> tuple[list[Step], Any]:
 
 
 def _clip(action: Clip, llm: Any) -> tuple[list[Step], str]:
-    """`Clip`: the first `max_tokens` of the text's tokens, no special tokens added."""
-    tokenizer = getattr(llm, "tokenizer", None)
-    if tokenizer is not None and hasattr(tokenizer, "encode"):
-        ids = list(tokenizer.encode(action.text, add_special_tokens=False))
-        decode = partial(tokenizer.decode, skip_special_tokens=False)
-    elif callable(getattr(llm, "piece_tokens", None)):
-        ids, decode = list(llm.piece_tokens(action.text)), llm.detokenize
-    else:
+    """`Clip`: the first `max_tokens` of the text's tokens (the back-end's `piece_tokens`: no special
+    tokens added); whole where the back-end has no tokenizer."""
+    if not callable(getattr(llm, "piece_tokens", None)):
         return [], action.text
+    ids = list(llm.piece_tokens(action.text))
     if len(ids) <= action.max_tokens:
         return [], action.text
-    kept = decode(ids[:action.max_tokens])
+    kept = llm.detokenize(ids[:action.max_tokens])
     return [Decide(Usage(), action.purpose, "clip", {"tokens": float(len(ids)),
                                                      "kept": float(action.max_tokens)})], kept
 

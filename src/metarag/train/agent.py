@@ -166,7 +166,7 @@ RECIPES: dict[str, dict[str, Any]] = {
         "train_batch_size": 1,
         "gradient_checkpointing": False,
         # bf16 autocast over float32 weights for rollouts and training: this CPU's AVX512-BF16
-        # matmuls are ~6x float32's (benchmarks/train_step.py prints which the CPU has).
+        # matmuls are ~4x float32's (benchmarks/train_step.py measures it and prints which the CPU has).
         "precision": "bf16-autocast",
         # LoRA's usual rate, ten times the paper's full fine-tuning rate (adapters start at zero).
         "learning_rate": 1e-5,
@@ -286,7 +286,7 @@ def rollout_sample(trace: Trace, llm: Any) -> RolloutSample:
             else:
                 said, read = llm.detokenize(sequence), llm.detokenize(ctx)
                 if read.startswith(said):
-                    added, case = _tokenize_piece(llm, read[len(said):]), TEXT_CONTINUED
+                    added, case = list(llm.piece_tokens(read[len(said):])), TEXT_CONTINUED
                 else:
                     added, case = ctx, FRESH_PROMPT
                     sequence = []  # a segment of its own: positions and attention start again
@@ -307,14 +307,6 @@ def rollout_sample(trace: Trace, llm: Any) -> RolloutSample:
         completion, mask, logprobs, positions = [eos], [0], [0.0], [len(prompt)]
     return RolloutSample(tuple(prompt), tuple(completion), tuple(mask), tuple(logprobs), tuple(layout),
                          tuple(spans), tuple(positions))
-
-
-def _tokenize_piece(llm: Any, text: str) -> list[int]:
-    """Ids of a text in the middle of a sequence: no BOS or other special tokens added."""
-    tokenizer = getattr(llm, "tokenizer", None)
-    if tokenizer is not None:
-        return list(tokenizer.encode(text, add_special_tokens=False))
-    return list(llm.tokenize(text))
 
 
 def _eos_id(llm: Any) -> int:
