@@ -18,8 +18,8 @@ import time
 from metarag.evaluate.harness import DatasetSpec, load_questions
 from metarag.llm.base import Decoding
 from metarag.llm.llama_cpp import LlamaCppLLM, LlamaCppSettings
-from metarag.methods.evidence import evidence_prompt, format_passages
 from metarag.pipeline import open_retriever
+from metarag.policy.evidence import evidence_prompt, format_passages
 
 TASKS = {
     "reason": "Question: {q}\nReason step by step from the passages in at most three short sentences, "

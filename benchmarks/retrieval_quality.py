@@ -27,10 +27,10 @@ from dataclasses import dataclass
 
 from metarag.data.datasets import resolve_preset
 from metarag.errors import MetaRAGError
-from metarag.evaluate.metrics import support_recall
 from metarag.llm.base import LLM
 from metarag.llm.registry import LLMSpec, make_llm
 from metarag.methods.runner import Runtime, drive
+from metarag.metrics import support_recall
 from metarag.records import Hit, Question
 from metarag.rerank.base import Reranker
 from metarag.rerank.registry import build_reranker

@@ -35,11 +35,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from metarag.evaluate.harness import DatasetSpec, load_questions
-from metarag.evaluate.metrics import score_answer
 from metarag.llm.base import Decoding, generate
 from metarag.llm.registry import make_llm, parse_llm_spec
 from metarag.methods.registry import build_method
 from metarag.methods.runner import Runtime, run, run_many
+from metarag.metrics import score_answer
 from metarag.pipeline import open_retriever
 from metarag.records import Message, Trace
 

@@ -16,8 +16,8 @@ from metarag.cli import build_parser, main
 from metarag.data.datasets import load_dataset
 from metarag.data.formats import UNANSWERABLE
 from metarag.errors import BackendError, ConfigError, DataError
-from metarag.evaluate.metrics import score_answer
 from metarag.methods.registry import METHODS, method_settings
+from metarag.metrics import score_answer
 from metarag.records import Passage
 from metarag.settings import Range, check_ranges, override, setting
 

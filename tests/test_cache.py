@@ -119,7 +119,7 @@ class TwoSampled:
     name = "two-sampled"
 
     def policy(self, question):
-        from metarag.methods.actions import Ask
+        from metarag.policy.actions import Ask
 
         out = yield Ask("answer", (Message("user", f"Say {question.text}"),))
         return out.text

@@ -24,7 +24,6 @@ from metarag.evaluate.evoctx_analysis import (
     spearman,
     tail_readings,
 )
-from metarag.evaluate.metrics import AnswerScores
 from metarag.evaluate.report import load_run
 from metarag.evaluate.runs import QuestionResult, RunStore
 from metarag.judges.boundary import (
@@ -48,6 +47,7 @@ from metarag.methods.evoctx import (
 )
 from metarag.methods.iterdrag import IterDRAG, IterDRAGSettings
 from metarag.methods.runner import Runtime, run
+from metarag.metrics import AnswerScores
 from metarag.parsing import parse_decision, parse_step, strip_label
 from metarag.records import Decide, Generate, Hit, Judge, Passage, Question, Retrieve, Score, Trace, Usage
 from metarag.retrieve.memory import MemoryRetriever

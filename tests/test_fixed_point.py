@@ -33,13 +33,13 @@ from metarag.evaluate.sweep import COST_COLUMNS
 from metarag.llm.base import Decoding
 from metarag.llm.cache import CachedLLM, ResponseCache
 from metarag.llm.scripted import ScriptedLLM
-from metarag.methods.actions import Ask
 from metarag.methods.evoctx import EvoCtx, EvoCtxSettings
 from metarag.methods.fixed_point import FixedPoint, LoopState, ends_as
 from metarag.methods.iterdrag import IterDRAG, IterDRAGSettings
 from metarag.methods.metarag import MetaRAG, MetaRAGSettings
 from metarag.methods.registry import method_settings
 from metarag.methods.runner import Runtime, Sampling, run, run_many
+from metarag.policy.actions import Ask
 from metarag.records import Answer, Decide, Generate, Message, Passage, Question, Retrieve, Trace, Usage
 from metarag.retrieve.memory import MemoryRetriever
 

@@ -14,7 +14,6 @@ from test_methods import QUESTION, without_latency
 
 from metarag.errors import ConfigError
 from metarag.llm.scripted import ScriptedLLM, ScriptedTokens
-from metarag.methods.actions import Ask, Note, Search
 from metarag.methods.fixed_point import LoopState
 from metarag.methods.flare import (
     FLARE,
@@ -27,6 +26,7 @@ from metarag.methods.flare import (
 )
 from metarag.methods.registry import build_method
 from metarag.methods.runner import Runtime, run
+from metarag.policy.actions import Ask, Note, Search
 from metarag.records import Completion, Decide, Generate, Hit, Passage, Retrieve, TokenLogprob
 from metarag.retrieve.memory import MemoryRetriever
 

@@ -14,12 +14,12 @@ import pytest
 from metarag.cli import main
 from metarag.errors import DataError
 from metarag.evaluate.harness import DatasetSpec, EvalConfig, evaluate
-from metarag.evaluate.metrics import AnswerScores
 from metarag.evaluate.report import load_run, report_table, significance
 from metarag.evaluate.runs import QuestionResult, RunStore
 from metarag.evaluate.stats import paired_t_test
 from metarag.evaluate.sweep import sweep
 from metarag.llm.scripted import ScriptedLLM
+from metarag.metrics import AnswerScores
 
 CITIES = ["Paris", "Rome", "Madrid", "Berlin", "Vienna", "Lisbon"]
 COUNTRIES = ["France", "Italy", "Spain", "Germany", "Austria", "Portugal"]

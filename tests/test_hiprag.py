@@ -23,16 +23,13 @@ from metarag.judges.process import (
 )
 from metarag.llm.scripted import ScriptedLLM
 from metarag.methods.runner import Runtime, run_many
+from metarag.policy.agent_trace import ANSWER, INVALID, SEARCH, agent_steps
 from metarag.records import Generate, Judge, Question
 from metarag.retrieve.memory import MemoryRetriever
 from metarag.train.agent import AgentRollouts, AgentTrainSettings
 from metarag.train.rewards import (
-    ANSWER,
-    INVALID,
     NEEDS_STEP_JUDGES,
-    SEARCH,
     RewardSettings,
-    agent_steps,
     hiprag_needs_judging,
     hiprag_reward,
     reward_function,

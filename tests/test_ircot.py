@@ -9,11 +9,11 @@ from test_evoctx import check_golden
 
 from metarag.errors import ConfigError
 from metarag.llm.scripted import ScriptedLLM
-from metarag.methods.actions import Note
 from metarag.methods.ircot import IRCoT, IRCoTSettings, collect, is_reasoning_sentence, retrieval_query
 from metarag.methods.registry import build_method
 from metarag.methods.runner import Runtime, run
 from metarag.parsing import answer_is, first_sentence
+from metarag.policy.actions import Note
 from metarag.records import Decide, Generate, Hit, Passage, Question, Retrieve
 from metarag.retrieve.memory import MemoryRetriever
 
@@ -238,8 +238,8 @@ def test_ircot_on_two_demo_questions_with_the_real_model():
 def test_a_fixed_point_ends_the_chain_and_goes_to_the_reader(corpus):
     # the rule cannot fire on IRCoT's own loop (the chain grows); this drives the policy by hand to check
     # that a runner's FixedPoint reply ends the chain and the reader reads the paragraphs held
-    from metarag.methods.actions import Ask, Search
     from metarag.methods.fixed_point import FixedPoint, LoopState
+    from metarag.policy.actions import Ask, Search
     from metarag.records import Completion
 
     retriever = MemoryRetriever(corpus)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from metarag.evaluate.metrics import (
+from metarag.metrics import (
     AnswerScores,
     accuracy,
     exact_match,

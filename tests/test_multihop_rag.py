@@ -19,7 +19,7 @@ from metarag.data.corpus import (
 )
 from metarag.data.datasets import EVIDENCE_FACTS, PRESETS, load_dataset, resolve_preset, sample
 from metarag.errors import ConfigError, DataError
-from metarag.evaluate.metrics import score_answer, support_recall
+from metarag.metrics import score_answer, support_recall
 
 SHARED_DATA = Path(os.environ.get("METARAG_DATA_DIR")
                    or Path(__file__).resolve().parents[2] / "shared" / "data")

@@ -7,9 +7,9 @@ import pytest
 
 from metarag.errors import ConfigError, DataError
 from metarag.llm.scripted import ScriptedLLM
-from metarag.methods.actions import Search
 from metarag.methods.runner import Runtime, drive, run
 from metarag.parsing import NO_IDS, parse_permutation
+from metarag.policy.actions import Search
 from metarag.records import Generate, Hit, Passage, Question, Rerank, Retrieve, Score, Usage
 from metarag.rerank.base import Reranker
 from metarag.rerank.listwise import ListwiseReranker, ListwiseSettings, sliding_windows

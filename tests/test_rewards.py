@@ -15,8 +15,21 @@ from hypothesis import strategies as st
 from metarag.errors import ConfigError, DataError
 from metarag.llm.base import Decoding
 from metarag.llm.scripted import ScriptedLLM, ScriptedTokens
-from metarag.methods.actions import Ask, Note, Search
 from metarag.methods.runner import Runtime, run
+from metarag.policy.actions import Ask, Note, Search
+from metarag.policy.agent_trace import (
+    ANSWER,
+    INVALID,
+    MARGIN_ZONE,
+    OPTIMAL,
+    OVER_SEARCH,
+    SEARCH,
+    UNDER_SEARCH,
+    AgentStep,
+    agent_steps,
+    diagnose,
+    gap_rates,
+)
 from metarag.records import (
     Answer,
     Decide,
@@ -33,24 +46,7 @@ from metarag.records import (
 )
 from metarag.retrieve.memory import MemoryRetriever
 from metarag.train import rewards as R
-from metarag.train.rewards import (
-    ANSWER,
-    INVALID,
-    MARGIN_ZONE,
-    OPTIMAL,
-    OVER_SEARCH,
-    REWARDS,
-    SEARCH,
-    UNDER_SEARCH,
-    AgentStep,
-    RewardSettings,
-    agent_steps,
-    consistency_reward,
-    diagnose,
-    gap_rates,
-    reward_function,
-    total_reward,
-)
+from metarag.train.rewards import REWARDS, RewardSettings, consistency_reward, reward_function, total_reward
 
 U = Usage()
 GOLD = ("Paris",)

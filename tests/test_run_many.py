@@ -15,10 +15,10 @@ from test_methods import without_latency
 from metarag.errors import BackendError, ConfigError
 from metarag.llm.base import Decoding, generate
 from metarag.llm.scripted import ScriptedLLM
-from metarag.methods.actions import Ask, Note, Probe
 from metarag.methods.metarag import MetaRAG, MetaRAGSettings
 from metarag.methods.registry import build_method
 from metarag.methods.runner import Runtime, Sampling, request_seed, run, run_many
+from metarag.policy.actions import Ask, Note, Probe
 from metarag.records import Answer, Completion, Generate, Message, Question, Usage
 
 WORDS = ("Paris", "Dijon", "1832", "yes", "no", "the Rhine", "Gustave Eiffel", "Lyon", "1889", "Berlin")

@@ -3,8 +3,8 @@ import pytest
 
 from metarag.errors import BackendError
 from metarag.llm.scripted import ScriptedLLM
-from metarag.methods.actions import Ask, Note, Probe, Search
 from metarag.methods.runner import Runtime, run
+from metarag.policy.actions import Ask, Note, Probe, Search
 from metarag.records import Answer, Decide, Generate, Message, Question, Retrieve, Score
 from metarag.retrieve.memory import MemoryRetriever
 

@@ -9,8 +9,8 @@ import pytest
 from metarag.errors import ConfigError
 from metarag.llm.base import Decoding, TokenIds, label_plan, label_variants, sample_token
 from metarag.llm.scripted import ALTERNATIVE, ScriptedLLM, ScriptedTokens, split_words, token_id
-from metarag.methods.actions import Ask, Probe
 from metarag.methods.runner import Runtime, run
+from metarag.policy.actions import Ask, Probe
 from metarag.records import Completion, Generate, LabelScores, Message, Question, Score, TokenLogprob, Trace
 
 

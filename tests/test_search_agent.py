@@ -4,7 +4,7 @@ Golden traces (tests/golden/search-r1-*.json, belief-agent-*.json; regenerate wi
 METARAG_UPDATE_GOLDEN=1 and review the diff): search then answer; answer at once; an invalid action
 then recovery; the turn limit forcing the answer; the probe on; each candidate strategy and
 verify-first off. Then the rules the goldens rest on: the tag reader, the trace contract (read back
-by `train/rewards.agent_steps` where it exists), the growing transcript, the verify prompt, the
+by `policy/agent_trace.agent_steps`), the growing transcript, the verify prompt, the
 seeded candidates, the fixed-point reply, and one real-model run of each agent."""
 from __future__ import annotations
 
@@ -20,7 +20,6 @@ from test_methods import without_latency
 from metarag.errors import ConfigError
 from metarag.judges.belief import PROBE_INSTRUCTION, Belief, belief_probe
 from metarag.llm.scripted import ScriptedLLM, ScriptedTokens
-from metarag.methods.actions import Ask, Clip, Note, Probe, Search
 from metarag.methods.fixed_point import FixedPoint, LoopState
 from metarag.methods.registry import build_method, method_settings
 from metarag.methods.runner import Runtime, Sampling, run, run_many
@@ -36,6 +35,7 @@ from metarag.methods.search_agent import (
     random_candidate,
 )
 from metarag.parsing import agent_closing_tag, read_agent_action
+from metarag.policy.actions import Ask, Clip, Note, Probe, Search
 from metarag.records import Completion, Decide, Generate, LabelScores, Question, Retrieve, Score, Trace
 from metarag.retrieve.memory import MemoryRetriever
 
@@ -303,10 +303,10 @@ def test_a_probe_without_label_mass_records_its_fallback(corpus):
 
 
 def test_the_rewards_read_the_trace_contract(corpus):
-    rewards = pytest.importorskip("metarag.train.rewards")
+    from metarag.policy.agent_trace import agent_steps
     trace = agent_run("belief-agent", scripted(SEARCH, NO_TAG, SEARCH_AGAIN, probe=(0.6, 0.2)), corpus,
                       probe="true", candidates="search")
-    steps = rewards.agent_steps(trace)
+    steps = agent_steps(trace)
     assert [s.action for s in steps] == ["search", "invalid", "search", "answer"]
     assert [s.candidate for s in steps] == ["search", "search", "search", "answer"]
     assert [s.forced for s in steps] == [False, False, False, True]

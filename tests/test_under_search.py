@@ -18,7 +18,6 @@ from metarag.evaluate.agent_analysis import (
     judge_run,
     judged_rate,
 )
-from metarag.evaluate.metrics import score_answer
 from metarag.evaluate.report import load_run
 from metarag.evaluate.runs import QuestionResult, RunStore
 from metarag.judges.under_search import (
@@ -33,8 +32,9 @@ from metarag.judges.under_search import (
 )
 from metarag.llm.scripted import ScriptedLLM
 from metarag.methods.runner import Runtime, run_many
+from metarag.metrics import score_answer
+from metarag.policy.agent_trace import ANSWER, INVALID, SEARCH
 from metarag.records import Generate, Judge, Question, Retrieve, Trace, Usage
-from metarag.train.rewards import ANSWER, INVALID, SEARCH
 
 GOLD = ("Paris",)
 YES = "Verdict: Yes\nReason: the passages never name the city."

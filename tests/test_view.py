@@ -68,8 +68,8 @@ def make_flaky_run(root: Path, data: Path) -> Path:
 
 def make_rerank_run(root: Path) -> Path:
     """One question whose retrieval of three passages a reranker cut to two, the last first."""
-    from metarag.evaluate.metrics import AnswerScores
     from metarag.evaluate.runs import QuestionResult
+    from metarag.metrics import AnswerScores
     from metarag.records import Answer, Generate, Hit, Message, Passage, Rerank, Retrieve, Trace, Usage
 
     passages = [Passage("a", "Alpha", "Alpha text."), Passage("b", "Beta", "Beta text."),

@@ -1,7 +1,7 @@
 """The belief-action paper's measures of a search agent's finished run (Qi et al., 2026, §4, Figure 3,
 Table 8): Acc (EM), searches per question, the belief-based over- and under-search rates (runs with
 the probe on) and the under-search rate an external LLM judge gives (Appendix G). All of it is read
-from the traces (`train.rewards.agent_steps`); `format_agent_analysis` is what
+from the traces (`policy.agent_trace.agent_steps`); `format_agent_analysis` is what
 `metarag report RUN --analysis agent` prints.
 
 The judge runs through the runner like any model call (`judges.under_search.UnderSearchAudit` over
@@ -28,9 +28,9 @@ from metarag.judges.under_search import (
     UnderSearchJudge,
     under_search_inputs,
 )
+from metarag.policy.agent_trace import ANSWER, INVALID, SEARCH, AgentStep, agent_steps, gap_rates
 from metarag.records import Judge, Question, Retrieve, Trace, to_plain
 from metarag.settings import settings_hash
-from metarag.train.rewards import ANSWER, INVALID, SEARCH, AgentStep, agent_steps, gap_rates
 
 JUDGE_PREFIX = "under-search-"
 

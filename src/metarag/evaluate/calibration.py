@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from metarag.errors import ConfigError
-from metarag.evaluate.metrics import support_recall
+from metarag.metrics import support_recall
 from metarag.records import Judge, Question, Retrieve, Trace
 
 JUDGES = ("internal-sufficiency", "external-sufficiency")

@@ -22,7 +22,7 @@ from typing import Any
 
 from metarag import __version__
 from metarag.errors import BackendError, ConfigError, DataError
-from metarag.evaluate.metrics import AnswerScores, score_answer, support_recall
+from metarag.metrics import AnswerScores, score_answer, support_recall
 from metarag.evaluate.runs import QuestionResult, RunStore, describe_holder
 from metarag.llm.registry import LLMSpec, check_spec, make_llm
 from metarag.methods.registry import CLOSED_BOOK, build_method, component_revisions, method_revision, method_settings

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from metarag.errors import ConfigError, DataError
-from metarag.evaluate.metrics import AnswerScores
+from metarag.metrics import AnswerScores
 from metarag.records import Trace, from_plain, to_plain
 
 

@@ -15,7 +15,7 @@ from collections.abc import Generator
 from dataclasses import dataclass
 from typing import Any
 
-from metarag.methods.actions import Probe
+from metarag.policy.actions import Probe
 from metarag.records import Message
 
 # The paper's Probe Instruction (§3.3), verbatim.

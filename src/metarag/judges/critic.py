@@ -23,8 +23,8 @@ import numpy as np
 
 from metarag.errors import ConfigError, DataError
 from metarag.judges.base import Verdict
-from metarag.methods.actions import Action, Probe
-from metarag.methods.evidence import evidence_prompt
+from metarag.policy.actions import Action, Probe
+from metarag.policy.evidence import evidence_prompt
 from metarag.settings import Range, check_ranges, setting
 
 if TYPE_CHECKING:

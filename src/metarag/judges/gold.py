@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from metarag.evaluate.metrics import exact_match
 from metarag.judges.base import Verdict
+from metarag.metrics import exact_match
 
 
 @dataclass(frozen=True)

@@ -15,9 +15,9 @@ from typing import Any
 
 from metarag.judges.base import Verdict
 from metarag.llm.base import Decoding
-from metarag.methods.actions import Action, Ask, Probe
-from metarag.methods.evidence import evidence_prompt
 from metarag.parsing import clean_answer, parse_reasoning_check
+from metarag.policy.actions import Action, Ask, Probe
+from metarag.policy.evidence import evidence_prompt
 from metarag.records import Message
 from metarag.settings import check_ranges, setting
 

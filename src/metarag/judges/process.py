@@ -37,11 +37,11 @@ from typing import Any
 
 from metarag.judges.base import Verdict
 from metarag.llm.base import Decoding
-from metarag.methods.actions import Action, Ask, Assess
 from metarag.parsing import parse_yes_no
+from metarag.policy.actions import Action, Ask, Assess
+from metarag.policy.agent_trace import ANSWER, INVALID, SEARCH, AgentStep, agent_steps
 from metarag.records import Judge, Message, Question, Trace
 from metarag.settings import check_ranges, setting
-from metarag.train.rewards import ANSWER, INVALID, SEARCH, AgentStep, agent_steps
 
 OVER_SEARCH, NECESSARY_SEARCH = "over-search", "necessary-search"
 UNDER_SEARCH, SUFFICIENT_REASONING = "under-search", "sufficient-reasoning"

@@ -13,8 +13,8 @@ from functools import lru_cache
 import numpy as np
 
 from metarag.errors import ConfigError
-from metarag.evaluate.metrics import token_f1
 from metarag.judges.base import Verdict
+from metarag.metrics import token_f1
 from metarag.settings import check_ranges, setting
 
 METHODS = ("minilm", "token-f1")

@@ -21,12 +21,12 @@ from typing import Any
 
 from metarag.judges.base import Verdict
 from metarag.llm.base import Decoding
-from metarag.methods.actions import Action, Ask, Assess
-from metarag.methods.evidence import format_passages
 from metarag.parsing import labelled_fields, parse_yes_no
+from metarag.policy.actions import Action, Ask, Assess
+from metarag.policy.agent_trace import ANSWER, agent_steps
+from metarag.policy.evidence import format_passages
 from metarag.records import Hit, Message, Question, Trace
 from metarag.settings import check_ranges, setting
-from metarag.train.rewards import ANSWER, agent_steps
 
 UNDER_SEARCH, NOT_UNDER_SEARCH, UNJUDGED = "under-search", "not-under-search", "unjudged"
 

@@ -28,10 +28,9 @@ def generate_many(llm: LLM, prompts: Sequence[Prompt], decodings: Sequence[Decod
         raise ValueError(f"{len(prompts)} prompts but {len(decodings)} decodings")
     if not prompts:
         return []
-    from metarag.llm.cache import CachedLLM  # the cache answers what it holds and sends the rest back here
-
-    if isinstance(llm, CachedLLM):
-        return llm.generate_many(prompts, decodings, workers=workers)
+    own = getattr(llm, "generate_many", None)  # a wrapper that batches itself (the response cache answers
+    if own is not None:                          # what it holds and sends the rest back here)
+        return own(prompts, decodings, workers=workers)
     batch = getattr(llm, "generate_batch", None)
     if batch is not None:
         done = _batched(llm, lambda where: batch([prompts[i] for i in where], [decodings[i] for i in where]),
@@ -48,10 +47,9 @@ def score_many(llm: LLM, prompts: Sequence[Prompt], labels: Sequence[Sequence[st
         raise ValueError(f"{len(prompts)} prompts but {len(labels)} label sets")
     if not prompts:
         return []
-    from metarag.llm.cache import CachedLLM
-
-    if isinstance(llm, CachedLLM):
-        return llm.score_many(prompts, labels, workers=workers)
+    own = getattr(llm, "score_many", None)
+    if own is not None:
+        return own(prompts, labels, workers=workers)
     batch = getattr(llm, "score_labels_batch", None)
     if batch is None:
         return _each([partial(llm.score_labels, p, tuple(ls)) for p, ls in zip(prompts, labels)], workers)

@@ -28,14 +28,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from metarag.errors import ConfigError
-from metarag.methods.actions import Assess, Note, Probe
+from metarag.judges.router import ROUTES, load_router
 from metarag.methods.closed_book import ClosedBook
 from metarag.methods.ircot import IRCoT
 from metarag.methods.runner import Policy
 from metarag.methods.standard_rag import StandardRAG
+from metarag.policy.actions import Assess, Note, Probe
 from metarag.records import Decide, Message, Question, Trace
 
-ROUTES = ("A", "B", "C")
 STRATEGIES = {"A": "closed-book", "B": "standard-rag", "C": "ircot"}
 ROUTE_STEP = "adaptive-rag-route"
 CLASSIFY_SYSTEM = "You judge how much outside information a question needs before it can be answered."
@@ -77,8 +77,6 @@ class AdaptiveRAG:
         self.settings = settings
         self.router = router
         if router is None and settings.classifier != "llm" and settings.route == "auto":
-            from metarag.train.router import load_router
-
             self.router = load_router(settings.classifier)
         self.strategies = {"A": ClosedBook(), "B": StandardRAG(), "C": IRCoT()}
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from metarag.llm.base import Decoding
-from metarag.methods.actions import Ask
 from metarag.methods.runner import Policy
 from metarag.parsing import clean_answer
+from metarag.policy.actions import Ask
 from metarag.records import Message, Question
 from metarag.settings import check_ranges, setting
 

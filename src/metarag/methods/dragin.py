@@ -59,11 +59,11 @@ import numpy as np
 
 from metarag.errors import ConfigError
 from metarag.llm.base import Decoding
-from metarag.methods.actions import Ask, Note, Search
-from metarag.methods.evidence import format_passages
 from metarag.methods.fixed_point import LoopState
 from metarag.methods.runner import Policy
 from metarag.parsing import extract_short_answer, sentence_spans
+from metarag.policy.actions import Ask, Note, Search
+from metarag.policy.evidence import format_passages
 from metarag.records import Completion, Hit, Message, Question, TokenLogprob
 from metarag.settings import check_ranges, setting
 

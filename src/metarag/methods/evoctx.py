@@ -44,11 +44,11 @@ from metarag.judges.base import Verdict
 from metarag.judges.boundary import RULES, BoundaryJudge, make_encoder
 from metarag.llm.base import Decoding
 from metarag.llm.registry import LLMSpec, parse_llm_spec
-from metarag.methods.actions import Action, Ask, Assess, Note, Probe, Search
-from metarag.methods.evidence import evidence_prompt, format_passages
 from metarag.methods.fixed_point import LoopState
 from metarag.methods.runner import Policy
 from metarag.parsing import clean_answer, parse_decision, strip_label
+from metarag.policy.actions import Action, Ask, Assess, Note, Probe, Search
+from metarag.policy.evidence import evidence_prompt, format_passages
 from metarag.records import Hit, Passage, Question
 from metarag.settings import check_ranges, setting
 

@@ -54,11 +54,11 @@ from dataclasses import dataclass
 
 from metarag.errors import ConfigError
 from metarag.llm.base import Decoding
-from metarag.methods.actions import Ask, Note, Search
-from metarag.methods.evidence import evidence_prompt, format_passages
 from metarag.methods.fixed_point import LoopState
 from metarag.methods.runner import Policy
 from metarag.parsing import clean_answer, marked_answer
+from metarag.policy.actions import Ask, Note, Search
+from metarag.policy.evidence import evidence_prompt, format_passages
 from metarag.records import Completion, Hit, Message, Question
 from metarag.settings import check_ranges, setting
 

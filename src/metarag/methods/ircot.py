@@ -39,11 +39,11 @@ from typing import Literal
 
 from metarag.errors import ConfigError
 from metarag.llm.base import Decoding
-from metarag.methods.actions import Ask, Note, Search
-from metarag.methods.evidence import evidence_prompt, format_passages
 from metarag.methods.fixed_point import LoopState
 from metarag.methods.runner import Policy
 from metarag.parsing import answer_is, clean_answer, extract_short_answer, first_sentence
+from metarag.policy.actions import Ask, Note, Search
+from metarag.policy.evidence import evidence_prompt, format_passages
 from metarag.records import Hit, Message, Question
 from metarag.settings import check_ranges, setting
 

@@ -27,12 +27,12 @@ from dataclasses import dataclass
 
 from metarag.errors import ConfigError
 from metarag.llm.base import Decoding
-from metarag.methods.actions import Ask, Note, Search
-from metarag.methods.evidence import evidence_prompt, format_passages
 from metarag.methods.evoctx import CONTEXT_KEEP, extend_context
 from metarag.methods.fixed_point import LoopState
 from metarag.methods.runner import Policy
 from metarag.parsing import clean_answer, final_after, parse_step
+from metarag.policy.actions import Ask, Note, Search
+from metarag.policy.evidence import evidence_prompt, format_passages
 from metarag.records import Hit, Question
 from metarag.settings import check_ranges, setting
 

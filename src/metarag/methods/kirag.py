@@ -36,11 +36,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from metarag.llm.base import Decoding
-from metarag.methods.actions import Ask, Note, Probe, Search
-from metarag.methods.evidence import evidence_prompt, format_passages
 from metarag.methods.fixed_point import LoopState
 from metarag.methods.runner import Policy
 from metarag.parsing import clean_answer, parse_triples
+from metarag.policy.actions import Ask, Note, Probe, Search
+from metarag.policy.evidence import evidence_prompt, format_passages
 from metarag.records import Hit, Message, Question
 from metarag.settings import check_ranges, setting
 

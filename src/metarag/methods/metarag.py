@@ -33,11 +33,11 @@ from metarag.judges.llm_judges import ReasoningCheck, external_sufficiency, inte
 from metarag.judges.models import make_entailment, make_expert
 from metarag.judges.similarity import AnswerSimilarity
 from metarag.llm.base import Decoding
-from metarag.methods.actions import Ask, Assess, Note, Search
-from metarag.methods.evidence import evidence_prompt, format_passages
 from metarag.methods.fixed_point import LoopState
 from metarag.methods.runner import Policy
 from metarag.parsing import clean_answer, marked_answer
+from metarag.policy.actions import Ask, Assess, Note, Search
+from metarag.policy.evidence import evidence_prompt, format_passages
 from metarag.records import Hit, Message, Question
 from metarag.settings import check_ranges, setting
 

@@ -47,11 +47,11 @@ from typing import Any
 
 from metarag.errors import ConfigError
 from metarag.llm.base import Decoding
-from metarag.methods.actions import Ask, Note, Search
 from metarag.methods.evoctx import approx_tokens
 from metarag.methods.fixed_point import LoopState
 from metarag.methods.runner import Policy
 from metarag.parsing import clean_line, parse_react_action, split_thought_action
+from metarag.policy.actions import Ask, Note, Search
 from metarag.records import Hit, Message, Passage, Question
 from metarag.settings import check_ranges, setting
 

@@ -35,10 +35,10 @@ from typing import Any, Literal
 from metarag.errors import ConfigError
 from metarag.judges.gold import GoldMatch
 from metarag.llm.base import Decoding
-from metarag.methods.actions import Ask, Assess, Note, Probe
 from metarag.methods.fixed_point import LoopState
 from metarag.methods.react import AT_STEP_LIMIT, REACT_SYSTEM, ReActSettings, Trial, react_trial
 from metarag.methods.runner import Policy
+from metarag.policy.actions import Ask, Assess, Note, Probe
 from metarag.records import Message, Question
 from metarag.settings import check_ranges, setting
 

@@ -52,7 +52,7 @@ _REGISTERED: dict[str, tuple[type, type]] = {}  # register_method's, and entry p
 def register_method(name: str, method: type, settings: type | None = None) -> None:
     """Make `method` runnable by name everywhere ours are: a class built from one instance of its
     frozen settings dataclass (`settings`, else the class's `settings_class`), whose instances have
-    `name` and `policy(question)` (the actions of `metarag.methods.actions`), optionally `revision`
+    `name` and `policy(question)` (the actions of `metarag.policy.actions`), optionally `revision`
     (hashed into run ids: bump it when a prompt or rule changes) and `components`. A name of ours is
     refused; registering a name again replaces it (a notebook cell run twice defines the class anew)."""
     import dataclasses

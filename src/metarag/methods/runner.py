@@ -24,8 +24,8 @@ from typing import Any, Protocol
 from metarag.errors import BackendError, ConfigError, MetaRAGError
 from metarag.llm.base import LLM, Decoding, TokenIds
 from metarag.llm.batch import generate_many, score_many
-from metarag.methods.actions import Action, Ask, Assess, Clip, Note, Probe, Search
 from metarag.methods.fixed_point import LoopState, LoopStates
+from metarag.policy.actions import Action, Ask, Assess, Clip, Note, Probe, Search
 from metarag.records import (
     Answer,
     Completion,

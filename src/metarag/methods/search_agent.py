@@ -46,10 +46,10 @@ from typing import Any
 from metarag.errors import ConfigError
 from metarag.judges.belief import belief_probe
 from metarag.llm.base import Decoding
-from metarag.methods.actions import Ask, Clip, Note, Search
 from metarag.methods.fixed_point import LoopState
 from metarag.methods.runner import Policy
 from metarag.parsing import agent_closing_tag, clean_answer, read_agent_action
+from metarag.policy.actions import Ask, Clip, Note, Search
 from metarag.records import Completion, Hit, Message, Question
 from metarag.settings import check_ranges, setting
 

@@ -46,10 +46,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from metarag.llm.base import Decoding
-from metarag.methods.actions import Ask, Note, Probe, Search
-from metarag.methods.evidence import format_passages
 from metarag.methods.runner import Policy
 from metarag.parsing import clean_answer
+from metarag.policy.actions import Ask, Note, Probe, Search
+from metarag.policy.evidence import format_passages
 from metarag.records import Completion, Hit, LabelScores, Message, Question
 from metarag.settings import check_ranges, setting
 

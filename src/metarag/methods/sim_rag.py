@@ -27,10 +27,10 @@ from metarag.errors import ConfigError
 from metarag.judges.base import Judge
 from metarag.judges.critic import ACCEPT, LLMCritic, TrainedCritic
 from metarag.llm.base import Decoding
-from metarag.methods.actions import Ask, Assess, Note, Search
-from metarag.methods.evidence import evidence_prompt, format_passages
 from metarag.methods.runner import Policy
 from metarag.parsing import parse_answer_rationale, parse_query
+from metarag.policy.actions import Ask, Assess, Note, Search
+from metarag.policy.evidence import evidence_prompt, format_passages
 from metarag.records import Hit, Message, Question
 from metarag.settings import check_ranges, setting
 

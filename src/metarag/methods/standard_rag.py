@@ -10,10 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from metarag.llm.base import Decoding
-from metarag.methods.actions import Ask, Search
-from metarag.methods.evidence import format_passages
 from metarag.methods.runner import Policy
 from metarag.parsing import clean_answer
+from metarag.policy.actions import Ask, Search
+from metarag.policy.evidence import format_passages
 from metarag.records import Message, Question
 from metarag.settings import check_ranges, setting
 

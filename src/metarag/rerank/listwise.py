@@ -14,8 +14,8 @@ from typing import Any
 
 from metarag.errors import ConfigError
 from metarag.llm.base import Decoding
-from metarag.methods.actions import Action, Ask
 from metarag.parsing import NO_IDS, parse_permutation
+from metarag.policy.actions import Action, Ask
 from metarag.records import Hit, Message, Passage
 from metarag.rerank.base import Reranked
 from metarag.rerank.pointwise import passage_excerpt

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from metarag.errors import BackendError, ConfigError, DataError, MissingDependency
-from metarag.methods.actions import Action, Probe
+from metarag.policy.actions import Action, Probe
 from metarag.records import Hit, Message, Passage
 from metarag.rerank.base import Reranked
 from metarag.settings import check_ranges, setting

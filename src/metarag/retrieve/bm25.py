@@ -17,7 +17,7 @@ import numpy as np
 
 from metarag.errors import ConfigError, DataError, MissingDependency, close_matches
 from metarag.records import Hit, Passage
-from metarag.retrieve.index import LRUCache, cached_search, read_meta, saved_settings, write_meta
+from metarag.retrieve.store import LRUCache, cached_search, read_meta, saved_settings, write_meta
 from metarag.settings import check_ranges, setting
 
 BM25_METHODS = ("lucene", "robertson", "atire", "bm25l", "bm25+")

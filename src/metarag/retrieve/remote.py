@@ -14,7 +14,7 @@ from typing import Any
 
 from metarag.errors import BackendError, ConfigError
 from metarag.records import Hit, Passage
-from metarag.retrieve.index import LRUCache, cached_search
+from metarag.retrieve.store import LRUCache, cached_search
 
 # Worth another try: the server restarting, overloaded or behind a proxy that timed out.
 RETRYABLE_STATUS = (429, 500, 502, 503, 504)

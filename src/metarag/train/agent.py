@@ -40,11 +40,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 from metarag.errors import BackendError, ConfigError, DataError, MissingDependency, close_matches
+from metarag.policy.agent_trace import STEP_PURPOSE
 from metarag.records import Generate, Question, Trace
 from metarag.settings import check_ranges, setting
 
 AGENT_METHODS = ("search-r1", "belief-agent")
-STEP_PURPOSE = "agent-step"  # the Generate purpose of a decision step (AGENT_CONTRACT.md)
 MANIFEST = "metarag_manifest.json"
 MERGED = "merged"
 TRAINER_DIR = "trainer"
@@ -414,7 +414,7 @@ class AgentRollouts:
             llm: Any = None) -> dict[str, list]:
         from metarag.llm.hf import HFLLM, HFSettings
         from metarag.methods.runner import Runtime, Sampling, run_many
-        from metarag.train.rewards import agent_steps, gap_rates
+        from metarag.policy.agent_trace import agent_steps, gap_rates
 
         questions = [self._question(p) for p in prompts]
         if llm is None:

@@ -35,7 +35,6 @@ import numpy as np
 from metarag import __version__
 from metarag.data.datasets import DEMO, PRESETS, Dataset
 from metarag.errors import BackendError, ConfigError, DataError, MissingDependency
-from metarag.evaluate.metrics import score_answer
 from metarag.judges.critic import (
     CRITIC_FORMAT,
     CRITIC_TEXT_VERSION,
@@ -49,9 +48,10 @@ from metarag.judges.critic import (
     read_manifest,
 )
 from metarag.llm.base import LLM
-from metarag.methods.evidence import format_passages
 from metarag.methods.sim_rag import PRACTICE_EVIDENCE, SelfPracticeSettings, SimRAGPractice, SimRAGSettings
+from metarag.metrics import score_answer
 from metarag.parsing import parse_answer_rationale
+from metarag.policy.evidence import format_passages
 from metarag.records import Decide, Generate, Question, Retrieve, Trace
 from metarag.retrieve.base import Retriever
 
