@@ -66,7 +66,7 @@ def _row(result: Any) -> dict[str, Any]:
 def run(method: str, dataset: str | Path, *, llm: str = "embedded", retriever: str = "bm25",
              settings: Mapping[str, Any] | None = None, limit: int | None = None, seed: int = 0,
              corpus: str | Path | None = None, runs_dir: str | Path | None = None, progress: bool = False,
-             llm_instance: Any = None, retriever_instance: Any = None) -> Run:
+             llm_instance: Any = None, retriever_instance: Any = None, shard: str | None = None) -> Run:
     """Evaluate `method` on `dataset` (or resume that run) and return the run. (`run`, not
     `evaluate`: `metarag.evaluate` is the package of the harness, metrics and reports.)
 
@@ -77,8 +77,11 @@ def run(method: str, dataset: str | Path, *, llm: str = "embedded", retriever: s
     (`{"k": 3}`). `limit`/`seed`: a seeded sample. `runs_dir`: where run folders go (default
     `$METARAG_RUNS`, else ./runs). `llm_instance` / `retriever_instance`: objects to use instead of
     building them from the specs (a scripted model in a test, a shared retrieval service); the run
-    id still names the specs. The run folder, its id and its resume are `metarag eval`'s."""
+    id still names the specs. `shard`: "i/n", run only the i-th of n disjoint slices of the questions
+    into the same run folder as the other shards (the returned run holds every shard written so far).
+    The run folder, its id and its resume are `metarag eval`'s."""
     from metarag.evaluate.harness import DatasetSpec, EvalConfig, evaluate, runs_dir_default
+    from metarag.evaluate.runs import Shard
     from metarag.llm.registry import parse_llm_spec
 
     given = Path(str(dataset)).expanduser()
@@ -87,7 +90,8 @@ def run(method: str, dataset: str | Path, *, llm: str = "embedded", retriever: s
                        corpus=str(corpus) if corpus is not None else None, limit=limit, seed=seed)
     config = EvalConfig(method=method, dataset=spec, llm=parse_llm_spec(llm), retriever=retriever,
                         overrides={k: str(v) if not isinstance(v, str) else v for k, v in (settings or {}).items()},
-                        runs_dir=str(runs_dir if runs_dir is not None else runs_dir_default()))
+                        runs_dir=str(runs_dir if runs_dir is not None else runs_dir_default()),
+                        shard=Shard.parse(shard) if shard is not None else None)
     store, _ = evaluate(config, progress=progress, llm=llm_instance, retriever=retriever_instance)
     return Run.load(store.path)
 

@@ -62,6 +62,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_eval_args(ev)
     ev.add_argument("--print-run-dir", action="store_true",
                     help="print the run folder these arguments name and exit (no model is loaded)")
+    ev.add_argument("--shard", default=None, metavar="I/N",
+                    help="run only the I-th of N disjoint slices of the questions (every N-th of the seeded "
+                         "order), into the same run folder as the other N-1: N machines sharing the folder run "
+                         "one evaluation, and report / view read it as one run once every shard has finished")
     ev.set_defaults(handler=cmd_eval)
 
     sw = sub.add_parser("sweep", help="evaluate a grid of settings (like the study's Table 3)",
@@ -414,6 +418,7 @@ def cmd_index_build(args: argparse.Namespace) -> int:
 
 def eval_config_from_args(args: argparse.Namespace):
     from metarag.evaluate.harness import DatasetSpec, EvalConfig, runs_dir_default
+    from metarag.evaluate.runs import Shard
     from metarag.paths import check_folder
     from metarag.settings import parse_assignments
 
@@ -427,7 +432,8 @@ def eval_config_from_args(args: argparse.Namespace):
                       overrides=parse_assignments(args.set),
                       workers=args.workers, runs_dir=str(runs_dir),
                       retry_failed=args.retry_failed, max_consecutive_failures=args.max_consecutive_failures,
-                      wait=args.wait, batch=args.batch)
+                      wait=args.wait, batch=args.batch,
+                      shard=Shard.parse(args.shard) if getattr(args, "shard", None) else None)
 
 
 def cmd_eval(args: argparse.Namespace) -> int:

@@ -23,7 +23,7 @@ from typing import Any
 from metarag import __version__
 from metarag.errors import BackendError, ConfigError, DataError
 from metarag.metrics import AnswerScores, score_answer, support_recall
-from metarag.evaluate.runs import QuestionResult, RunStore, describe_holder
+from metarag.evaluate.runs import QuestionResult, RunStore, Shard, describe_holder
 from metarag.llm.registry import LLMSpec, check_spec, make_llm
 from metarag.methods.registry import CLOSED_BOOK, build_method, component_revisions, method_revision, method_settings
 from metarag.methods.runner import Method, Runtime, check_needs, run, run_many
@@ -58,7 +58,8 @@ class EvalConfig:
     fail with retryable errors, the sign of a back-end gone down; 0 never stops) and `wait` (wait for
     another writer of the same run folder instead of refusing), `batch` (run up to this many questions
     in lockstep, each round's model requests sent as one batch: `run_many`; then `workers` is how many
-    of a round's requests go out at once to a back-end that does not batch, e.g. a server's slots)."""
+    of a round's requests go out at once to a back-end that does not batch, e.g. a server's slots),
+    `shard` (run only this slice of the questions, into the same run folder as the other shards)."""
 
     method: str
     dataset: DatasetSpec
@@ -73,6 +74,7 @@ class EvalConfig:
     max_consecutive_failures: int = 3
     wait: bool = False
     batch: int = 1
+    shard: Shard | None = None
 
 
 def load_questions(spec: DatasetSpec):
@@ -159,7 +161,7 @@ def prepare(config: EvalConfig):
     if artifacts:
         resolved["artifacts"] = artifacts
     run_id = f"{config.method}-{config.dataset.label()}-{config.llm.backend}-{settings_hash(resolved)}"
-    store = RunStore(Path(config.runs_dir) / run_id)
+    store = RunStore(Path(config.runs_dir) / run_id, config.shard)
     return store, build_method(config.method, config.overrides), dataset, resolved
 
 
@@ -180,8 +182,9 @@ def score(question: Question, trace: Trace) -> QuestionResult:
 def evaluate(config: EvalConfig, *, progress: bool = True, llm=None, retriever=None,
              on_result: Callable[[QuestionResult], None] | None = None) -> tuple[RunStore, list[QuestionResult]]:
     """Run (or resume) the evaluation `config` describes; returns the store and every question's
-    newest result in dataset order. `llm` / `retriever` replace the built ones (tests, shared
-    services). The run folder is locked for the whole session: one writer per run."""
+    newest result in dataset order (with `config.shard`, its slice's). `llm` / `retriever` replace the
+    built ones (tests, shared services). The run folder is locked for the whole session: one writer
+    per run, or per shard of a sharded run."""
     store, method, dataset, resolved = prepare(config)
     if dataset.unmapped_support:
         print(f"{dataset.name}: {dataset.unmapped_support} supporting paragraphs have no passage in the pool "
@@ -194,17 +197,20 @@ def evaluate(config: EvalConfig, *, progress: bool = True, llm=None, retriever=N
         print(f"waiting for {describe_holder(holder)} to finish with {store.path}", file=sys.stderr)
 
     with store.lock(wait=config.wait, on_wait=waiting) as holder:
-        if store.exists():
-            if store.read_json("questions.json") != ids:
-                raise DataError("this run folder holds another question set; remove it or change --runs-dir",
-                                path=str(store.path))
-        else:
-            store.write_json("settings.json", resolved)
-            store.write_json("questions.json", ids)
+        with store.folder_lock():  # the shards of a run start together: one of them writes what they share
+            if store.exists():
+                if store.read_json("questions.json") != ids:
+                    raise DataError("this run folder holds another question set; remove it or change --runs-dir",
+                                    path=str(store.path))
+            else:
+                store.write_json("settings.json", resolved)
+                store.write_json("questions.json", ids)
+            store.check_layout()
         latest = store.load_results(repair=True)
         retry = {i for i, r in latest.items() if r.failed and (config.retry_failed or r.retryable)}
         done = {i: r for i, r in latest.items() if i not in retry}
-        todo = [q for q in dataset.questions if q.id not in done]
+        mine = config.shard.take(dataset.questions) if config.shard else dataset.questions
+        todo = [q for q in mine if q.id not in done]
         if todo:
             _session(config, store, method, dataset, resolved, todo, done, len(retry), holder,
                      progress, llm, retriever, on_result)
@@ -232,21 +238,23 @@ def _session(config: EvalConfig, store: RunStore, method: Method, dataset, resol
     manifest["model_identity"] = llm.identity
     manifest["model_sha256"] = getattr(llm, "model_sha256", None)
     manifest["unmapped_support"] = dataset.unmapped_support
+    total = len(store.shard.take(dataset.questions)) if store.shard else len(dataset.questions)
+    of_shard = f" of shard {store.shard.label}" if store.shard else ""
     if done or retrying:
         again = f", retrying {retrying} failed" if retrying else ""
-        print(f"resuming {store.path}: {len(done)} of {len(dataset.questions)} questions done{again}",
-              file=sys.stderr)
+        print(f"resuming {store.path}: {len(done)} of {total} questions{of_shard} done{again}", file=sys.stderr)
     session = {"started": _now(), "questions_todo": len(todo), "retrying": retrying, "argv": sys.argv,
                "pid": holder["pid"], "host": holder["host"]}
-    manifest["sessions"].append(session)
-    store.write_json("manifest.json", manifest)
+    if store.shard:
+        session["shard"] = store.shard.label
+    place = _save_session(store, resolved, manifest, session)
     runtime = Runtime(llm, retriever, reranker=reranker, rerank_depth=config.rerank_depth,
                       workers=config.workers if config.batch > 1 else 1)
     named = getattr(method, "named_models", None)  # models a method's settings name (EvoCtx's decision_llm)
     for spec in named() if named is not None else ():
         check_backend(runtime.llm_for(spec), f"model {spec}")
     try:
-        _run_questions(method, todo, runtime, store, config.workers, done, len(dataset.questions), progress,
+        _run_questions(method, todo, runtime, store, config.workers, done, total, progress,
                        on_result, config.max_consecutive_failures, config.batch)
         session["outcome"] = "finished"
     except BaseException as exc:
@@ -254,7 +262,7 @@ def _session(config: EvalConfig, store: RunStore, method: Method, dataset, resol
         raise
     finally:
         session["ended"] = _now()
-        store.write_json("manifest.json", manifest)
+        _save_session(store, resolved, manifest, session, place)
 
 
 def check_backend(backend, what: str, when: str = "before the first question") -> None:
@@ -379,6 +387,23 @@ def _run_questions(method: Method, todo: list[Question], runtime: Runtime, store
         raise BackendError(f"{stopped[0]}; {len(todo) - written} questions not tried: fix it and re-run the same "
                            "command to retry them (--max-consecutive-failures N sets the limit, 0 never stops)",
                            retryable=True)
+
+
+def _save_session(store: RunStore, resolved: dict, manifest: dict, session: dict, place: int | None = None) -> int:
+    """Put `session` into the run's manifest (at `place`, else at the end) with `manifest`'s other keys,
+    and return its place. The shards of a run share one manifest: it is reread under the folder lock
+    and changed, never overwritten with this writer's copy, so no shard's session is lost."""
+    with store.folder_lock():
+        saved = _manifest(store, resolved)
+        sessions = list(saved.get("sessions", []))
+        if place is None:
+            place = len(sessions)
+            sessions.append(session)
+        else:
+            sessions[place] = session
+        store.write_json("manifest.json", {**saved, **{k: v for k, v in manifest.items() if k != "sessions"},
+                                           "sessions": sessions})
+    return place
 
 
 def _manifest(store: RunStore, resolved: dict) -> dict:

@@ -28,7 +28,8 @@ TESTS = ("t-test", "bootstrap", "randomization")
 
 @dataclass(frozen=True)
 class LoadedRun:
-    """A finished (or partial) run read back from its folder."""
+    """A finished (or partial) run read back from its folder; a sharded run's shards merged, and
+    `missing_shards` naming those that have not written their whole slice ("3/4 (not started)")."""
 
     name: str
     path: Path
@@ -36,6 +37,7 @@ class LoadedRun:
     manifest: dict
     question_ids: tuple[str, ...]
     results: tuple[QuestionResult, ...]
+    missing_shards: tuple[str, ...] = ()
 
     @property
     def complete(self) -> bool:
@@ -49,7 +51,7 @@ def load_run(path: str | Path) -> LoadedRun:
     manifest = store.read_json("manifest.json") if store.manifest_path.exists() else {}
     by_id = store.load_results()
     return LoadedRun(store.path.name, store.path, settings, manifest, ids,
-                     tuple(by_id[i] for i in ids if i in by_id))
+                     tuple(by_id[i] for i in ids if i in by_id), tuple(store.missing_shards(ids, by_id)))
 
 
 def summarize(run: LoadedRun, prices: dict[str, Price] | None = None) -> dict:
@@ -264,9 +266,18 @@ def report_table(runs: Sequence[LoadedRun], *, baseline: int | None = 0, tests: 
         lines.append("| " + " | ".join(cells) + " |")
     notes = [f"{FAILED_MARK.strip()} {row['run']}: {row['failed']} of {row['n']} questions failed "
              f"({row['retryable failed']} retryable); first: {row['first error']}" for row in rows if row["failed"]]
+    notes += [incomplete_note(run) for run in runs if run.missing_shards]
     if notes:
         lines += ["", *notes]
     return "\n".join(lines), rows
+
+
+def incomplete_note(run: LoadedRun) -> str:
+    """The line saying a sharded run is not whole: which shards are missing, and over how many of its
+    questions its row is scored."""
+    shards = ", ".join(run.missing_shards)
+    return (f"incomplete {run.name}: shard{'s' if len(run.missing_shards) > 1 else ''} {shards} missing, so its row "
+            f"scores {len(run.results)} of {len(run.question_ids)} questions; run the missing shards to finish it")
 
 
 # A judge whose one verdict takes this share of its checks decides nothing (issue 13: MetaRAG's

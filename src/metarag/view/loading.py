@@ -5,7 +5,8 @@ said on the page rather than raised.
 Result lines are parsed as `RunStore.load_attempts` parses them (`from_plain(QuestionResult, ...)`; the
 newest line of a question counts). Where `metarag report` refuses a whole run (a torn or corrupt line,
 a step kind this metarag does not know) the viewer skips the bad line, or keeps the unknown step as
-raw JSON with its usage counted, and lists the problem. Nothing here writes to a run folder.
+raw JSON with its usage counted, and lists the problem. A sharded run's shard files are read as one
+run, and a shard that has not finished is listed as a problem. Nothing here writes to a run folder.
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from types import SimpleNamespace
 from typing import Any, ClassVar
 
 from metarag.errors import MetaRAGError
-from metarag.evaluate.report import LoadedRun, report_table
+from metarag.evaluate.report import LoadedRun, incomplete_note, report_table
 from metarag.evaluate.runs import QuestionResult, RunStore
 from metarag.records import STEP_TYPES, Decide, Step, Usage, from_plain
 
@@ -258,7 +259,7 @@ class RunView:
     code), the newest result per question, and its problems. `refresh` rereads it when its files
     changed, so a run being written can be watched; a folder that is no run has `error` set."""
 
-    FILES = ("settings.json", "questions.json", "manifest.json", "results.jsonl")
+    FILES = ("settings.json", "questions.json", "manifest.json", "shards.json", "results.jsonl")
 
     def __init__(self, path: str | Path, name: str | None = None):
         self.path = Path(path)
@@ -268,9 +269,9 @@ class RunView:
         self.run: LoadedRun | None = None
         self.results: dict[str, QuestionResult] = {}
         self.cells: dict[str, dict] = {}
-        self._spans: dict[str, tuple[int, int]] = {}
+        self._spans: dict[str, tuple[Path, int, int]] = {}  # each result's line: its file, and where in it
         self._stamp: tuple | None = None
-        self._lines: dict[bytes, ParsedLine] = {}  # the parse of each line read, by digest
+        self._lines: dict[Path, dict[bytes, ParsedLine]] = {}  # the parse of each line read, by file and digest
         self._lock = threading.Lock()
         self.refresh()
 
@@ -280,7 +281,8 @@ class RunView:
 
     def stamp(self) -> tuple:
         out = []
-        for name in self.FILES:
+        shards = sorted(p.name for _, p in self.store.result_files() if p.name != "results.jsonl")
+        for name in (*self.FILES, *shards):
             try:
                 st = (self.path / name).stat()
                 out.append((st.st_size, st.st_mtime_ns))
@@ -333,9 +335,19 @@ class RunView:
             return
         if not store.manifest_path.exists():
             st.problems.append(_problem(None, None, "no manifest.json: model and dataset hashes unknown"))
-        newest, spans, problems = read_results(store.results_path, self._lines)
-        st.problems += problems
-        if not store.results_path.exists():
+        newest: dict[str, ParsedLine] = {}
+        spans: dict[str, tuple[Path, int, int]] = {}
+        files = [path for _, path in store.result_files()]
+        for path in files:
+            found, where, problems = read_results(path, self._lines.setdefault(path, {}))
+            newest.update(found)
+            spans.update({q: (path, *span) for q, span in where.items()})
+            # a shard's problem names its file; results.jsonl's read as they always have
+            st.problems += problems if path.name == "results.jsonl" else [
+                {**pr, "message": pr["message"].replace("results.jsonl", path.name, 1)} for pr in problems]
+        for gone in set(self._lines) - set(files):
+            del self._lines[gone]
+        if not files:
             st.problems.append(_problem(None, None, "no results.jsonl yet: no question has finished"))
         ids = [str(i) for i in ids]
         known = set(ids)
@@ -346,8 +358,11 @@ class RunView:
         st.results = {q: newest[q].result for q in ids if q in newest}
         st._spans = spans
         st.cells = {q: newest[q].cell for q in st.results}
+        missing = tuple(store.missing_shards(ids, st.results))
         st.run = LoadedRun(name=self.name, path=self.path, settings=settings, manifest=manifest,
-                           question_ids=tuple(ids), results=tuple(st.results.values()))
+                           question_ids=tuple(ids), results=tuple(st.results.values()), missing_shards=missing)
+        if missing:
+            st.problems.append(_problem(None, None, incomplete_note(st.run)))
 
     def raw_trace(self, question_id: str) -> tuple[dict | None, str | None]:
         """The newest result line of a question as raw JSON, read again from the file (only now that
@@ -355,16 +370,16 @@ class RunView:
         span = self._spans.get(question_id)
         if span is None:
             return None, f"{self.name} has no result for question {question_id}"
-        start, end = span
+        path, start, end = span
         try:
-            with open(self.store.results_path, "rb") as f:
+            with open(path, "rb") as f:
                 f.seek(start)
                 line = f.read(end - start)
             obj = json.loads(line)
         except (OSError, ValueError) as exc:
-            return None, f"{self.store.results_path}: cannot read the line of question {question_id} again ({exc})"
+            return None, f"{path}: cannot read the line of question {question_id} again ({exc})"
         if not isinstance(obj, dict) or obj.get("question_id") != question_id:
-            return None, f"{self.store.results_path} changed under the viewer; reload the page"
+            return None, f"{path} changed under the viewer; reload the page"
         return obj, None
 
     def dataset(self) -> DatasetInfo:
