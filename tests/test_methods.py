@@ -52,7 +52,9 @@ OWN_GOLDEN_TESTS = {"metarag": "test_metarag.py", "sim-rag": "test_sim_rag.py", 
                     "adaptive-rag": "test_adaptive_rag.py",
                     "self-ask": "test_self_ask.py", "ircot": "test_ircot.py",
                     "dragin": "test_dragin.py", "dragin-entropy": "test_dragin.py",
-                    "self-rag": "test_self_rag.py", "self-rag-prompted": "test_self_rag.py"}
+                    "self-rag": "test_self_rag.py", "self-rag-prompted": "test_self_rag.py",
+                    "search-o1": "test_released_agents.py", "r1-searcher": "test_released_agents.py",
+                    "autorefine": "test_released_agents.py"}
 
 
 def test_every_method_has_a_golden_trace():

@@ -279,6 +279,7 @@ def test_belief_reward_and_its_ablations_on_one_trajectory():
     assert R.belief_reward(mixed, GOLD, settings).total == pytest.approx(1.2)
     logged = full.components()
     assert math.isnan(logged.pop("process"))  # HiPRAG's part: not this reward's
+    assert math.isnan(logged.pop("retrieval"))  # AutoRefine's and R1-Searcher's: not this reward's
     assert logged == {"reward": full.total, "outcome": 1.0, "consistency": 0.5, "penalty": 0.01, "searches": 2.0,
                       "invalid_actions": 1.0, "under_search_rate": 0.0}
     assert math.isnan(R.search_r1_reward(mixed, GOLD).components()["consistency"])
@@ -352,7 +353,7 @@ def test_gated_reward_bounds(spec, correct, weight):
 
 def test_registry_and_settings():
     assert set(REWARDS) == {"search-r1", "belief", "belief-over-only", "belief-under-only", "belief-ungated",
-                            "beta-grpo", "hiprag"}
+                            "beta-grpo", "hiprag", "r1-searcher-stage1", "r1-searcher", "autorefine"}
     assert R.NEEDS_PROBE < set(REWARDS) and R.NEEDS_STEP_JUDGES < set(REWARDS)
     with pytest.raises(ConfigError, match="unknown reward 'belif'.*did you mean belief"):
         reward_function("belif")

@@ -467,9 +467,9 @@ def test_failed_rollouts_score_none_in_every_column():
     for f in funcs:
         out = f(prompts=["a"] * 3, completions=["x"] * 3, rollout_reward=rewards,
                 log_metric=lambda k, v: logged.__setitem__(k, v))
-        assert out[1] is None and out[0] is not None or f.__name__ == "process"
+        assert out[1] is None and out[0] is not None or f.__name__ in ("process", "retrieval")
     assert logged["searches"] == 1.0  # the mean over the rollouts that have a score
-    assert [f.__name__ for f in funcs] == ["reward", "outcome", "consistency", "penalty", "process"]
+    assert [f.__name__ for f in funcs] == ["reward", "outcome", "consistency", "penalty", "process", "retrieval"]
 
 
 def test_questions_with_the_same_text_stay_apart():

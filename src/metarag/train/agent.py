@@ -1,7 +1,9 @@
 """`metarag train-agent`: GRPO training of the search agents (`search-r1`, `belief-agent`) on TRL's
 `GRPOTrainer`, with the belief-action paper's reward (Qi et al., 2026, "MetaRAG: Belief-Action Aligned
 Policy Optimization for Agentic RAG", §3.5, Algorithm 1, Appendix D.1) or any other of
-`train/rewards.py`.
+`train/rewards.py`. The released baselines R1-Searcher and AutoRefine train the same way, with their
+own rewards (`--method r1-searcher --reward r1-searcher-stage1`, then `--reward r1-searcher`;
+`--method autorefine --reward autorefine`).
 
 Rollouts are the evaluation policy: TRL's `rollout_func` hook runs the agent's own policy through
 `methods/runner.run_many` on the transformers back-end wrapping the trainer's live model
@@ -44,7 +46,12 @@ from metarag.policy.agent_trace import STEP_PURPOSE
 from metarag.records import Generate, Question, Trace
 from metarag.settings import check_ranges, setting
 
-AGENT_METHODS = ("search-r1", "belief-agent")
+AGENT_METHODS = ("search-r1", "belief-agent", "r1-searcher", "autorefine")
+# agents whose T counts `max_turns` search turns and then one final turn (Search-R1's trainer and
+# those built on it); the belief agent's T is `max_turns`, its forced answer included
+_FINAL_TURN_AFTER = frozenset({"search-r1", "r1-searcher", "autorefine"})
+# agents that run the belief probe (for the rewards that read it, `rewards.NEEDS_PROBE`)
+_PROBED = frozenset({"search-r1", "belief-agent"})
 MANIFEST = "metarag_manifest.json"
 MERGED = "merged"
 TRAINER_DIR = "trainer"
@@ -86,8 +93,11 @@ class AgentTrainSettings:
     newest 3 checkpoints are kept (TRL's `save_total_limit`; each holds a merged full model, 6 GB for
     a 1.5B in float32); 0 keeps every one.
     search-r1 takes `max_turns` as Search-R1's trainer does (`max_turns` search turns, then one final
-    answer turn: T = max_turns + 1 generations); belief-agent's T = max_turns counts the forced answer
-    (the paper's agent)."""
+    answer turn: T = max_turns + 1 generations), and so do r1-searcher and autorefine (AutoRefine's
+    trainer is Search-R1's; R1-Searcher's `experience_maker.py` cuts the ninth generation: its
+    training is `--max-turns 8 --top-k 3`, AutoRefine's `--max-turns 5 --top-k 3`); belief-agent's
+    T = max_turns counts the forced answer (the paper's agent). Only search-r1 and belief-agent run
+    the belief probe, which the belief rewards need."""
 
     method: str = "belief-agent"
     reward: str = "belief"
@@ -126,11 +136,17 @@ class AgentTrainSettings:
         from metarag.train.rewards import reward_function
 
         reward_function(self.reward)  # an unknown reward fails here, before any model loads
+        from metarag.train.rewards import NEEDS_PROBE
+
+        if self.reward in NEEDS_PROBE and self.method not in _PROBED:
+            raise ConfigError(f"the reward {self.reward!r} reads the belief probe, which {self.method} does not run "
+                              f"(train {' or '.join(sorted(_PROBED))} with it)")
 
     def method_overrides(self) -> dict[str, Any]:
         """The agent's settings a training run fixes: turns, passages, step budget, the probe on."""
-        turns = self.max_turns + 1 if self.method == "search-r1" else self.max_turns
-        return {"T": turns, "k": self.top_k, "step_max_tokens": self.step_max_tokens, "probe": True}
+        turns = self.max_turns + 1 if self.method in _FINAL_TURN_AFTER else self.max_turns
+        probe = {"probe": True} if self.method in _PROBED else {}
+        return {"T": turns, "k": self.top_k, "step_max_tokens": self.step_max_tokens, **probe}
 
     def resolved_precision(self, on_gpu: bool) -> str:
         """The precision "auto" means on this machine: bf16 autocast over float32 weights on a GPU."""
@@ -541,9 +557,11 @@ def reward_columns() -> tuple[list[Callable[..., list]], list[float]]:
     consistency = column(lambda r: r.consistency)
     penalty = column(lambda r: r.penalty)
     process = column(lambda r: r.process)  # HiPRAG's N_corr/N, where judged
-    for f, name in ((outcome, "outcome"), (consistency, "consistency"), (penalty, "penalty"), (process, "process")):
+    retrieval = column(lambda r: r.retrieval)  # AutoRefine's and R1-Searcher stage 1's retrieval term
+    for f, name in ((outcome, "outcome"), (consistency, "consistency"), (penalty, "penalty"), (process, "process"),
+                    (retrieval, "retrieval")):
         f.__name__ = name  # TRL names the logged columns after the functions
-    return [reward, outcome, consistency, penalty, process], [1.0, 0.0, 0.0, 0.0, 0.0]
+    return [reward, outcome, consistency, penalty, process, retrieval], [1.0, 0.0, 0.0, 0.0, 0.0, 0.0]
 
 
 # --------------------------------------------------------------------------- packed step training

@@ -2,7 +2,9 @@
 belief-action gap diagnosis and the correctness-gated consistency reward of the belief-action paper
 (Qi et al., 2026, "MetaRAG: Belief-Action Aligned Policy Optimization for Agentic RAG", §3.4, §3.5,
 Algorithm 1), its ablations, Search-R1's outcome reward, the β-GRPO baseline (Wu et al., 2025b) and
-HiPRAG's hierarchical process reward (Wu et al., 2025a; its step judges are `judges/process.py`).
+HiPRAG's hierarchical process reward (Wu et al., 2025a; its step judges are `judges/process.py`),
+R1-Searcher's two stages (Song et al., 2025: format and retrieval, then answer F1 with a format
+penalty) and AutoRefine's answer-plus-refine reward (Shi et al., 2025).
 
 Every reward reads a trace through `policy/agent_trace.py` (the search agents' trace contract:
 `agent_steps`, the `AgentStep` tuples, the gap diagnosis) and works on the steps it returns.
@@ -10,16 +12,18 @@ Every reward reads a trace through `policy/agent_trace.py` (the search agents' t
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from metarag.errors import ConfigError, DataError, close_matches
-from metarag.metrics import exact_match
+from metarag.metrics import exact_match, normalize_answer, token_f1
 from metarag.policy.agent_trace import (
     ANSWER,
     INVALID,
     OPTIMAL,
     SEARCH,
+    STEP_PURPOSE,
     AgentStep,
     agent_steps,
     check_margin,
@@ -27,7 +31,7 @@ from metarag.policy.agent_trace import (
     diagnoses,
     gap_rates,
 )
-from metarag.records import Trace
+from metarag.records import Generate, Trace
 from metarag.settings import check_ranges, setting
 
 
@@ -41,7 +45,11 @@ class RewardSettings:
     β-GRPO's β (Wu et al., 2025b, §5): the method card gives no value; 0.4 is the value we recall
     from that paper's experiments — its text is not in this library, so override it where it differs.
     `format_weight` λ_f = 0.2 and `process_weight` λ_p = 0.4 are HiPRAG's (Wu et al., 2025a: its
-    trainer's `structure_format_score` default and the process bonus's 0.4 in `qa_em_format.py`)."""
+    trainer's `structure_format_score` default and the process bonus's 0.4 in `qa_em_format.py`).
+    `r1_format_penalty` 2 is R1-Searcher's stage-2 format penalty (Song et al., 2025, §2.2; its README
+    and `train/reward_server_qwen_zero.py`; the Llama server of stage 2 takes 1). `refine_weight` 0.1
+    is AutoRefine's retrieval reward for a wrong answer whose refine holds the gold (Shi et al.,
+    2025, §3.2; `refine_score` in its `cmd/train.sh`)."""
 
     consistency_weight: float = setting(0.1, ge=0)
     margin: float = setting(0.0, ge=0, lt=1)
@@ -49,6 +57,8 @@ class RewardSettings:
     query_confidence_threshold: float = setting(0.4, ge=0, le=1)
     format_weight: float = setting(0.2, ge=0, le=1)
     process_weight: float = setting(0.4, ge=0)
+    r1_format_penalty: float = setting(2.0, ge=0)
+    refine_weight: float = setting(0.1, ge=0)
 
     def __post_init__(self) -> None:
         check_ranges(self)
@@ -61,7 +71,9 @@ class Reward:
     penalty taken for invalid actions, the searches made, the share of its ANSWER steps diagnosed
     under-search (None without a probed ANSWER step) and each step's diagnosis (None: unprobed).
     `process`: HiPRAG's share of clean steps N_corr/N (None for the other rewards, and for a HiPRAG
-    trajectory whose bonus is gated off, which is never judged)."""
+    trajectory whose bonus is gated off, which is never judged). `retrieval`: the retrieval term of
+    AutoRefine (1: the refined evidence holds a gold answer) and of R1-Searcher's stage 1 (1: it
+    searched, in format), before its weight; None for the other rewards."""
 
     total: float
     outcome: float
@@ -72,6 +84,7 @@ class Reward:
     under_search_rate: float | None = None
     diagnoses: tuple[str | None, ...] = ()
     process: float | None = None
+    retrieval: float | None = None
 
     def components(self) -> dict[str, float]:
         """The numbers a trainer logs, one name each (NaN where a part does not apply)."""
@@ -81,7 +94,8 @@ class Reward:
                 "penalty": self.penalty, "searches": float(self.searches),
                 "invalid_actions": float(self.invalid_actions),
                 "under_search_rate": nan if self.under_search_rate is None else self.under_search_rate,
-                "process": nan if self.process is None else self.process}
+                "process": nan if self.process is None else self.process,
+                "retrieval": nan if self.retrieval is None else self.retrieval}
 
 
 def outcome_reward(answer: str | None, golds: Sequence[str]) -> float:
@@ -243,6 +257,128 @@ def hiprag_reward(trace: Trace, golds: Sequence[str], settings: RewardSettings =
                   diagnoses=diagnoses(steps, settings.margin), process=process)
 
 
+# ------------------------------------------------------------------ R1-Searcher and AutoRefine
+# R1-Searcher's markers (`methods/r1_searcher.py`), as its reward servers count them
+_R1_QUERY = ("<|begin_of_query|>", "<|end_of_query|>")
+_R1_DOCUMENTS = ("<|begin_of_documents|>", "<|end_of_documents|>")
+_R1_BLOCKS = re.compile(r"<\|begin_of_documents\|>.*?<\|end_of_documents\|>", re.S)
+_R1_SOLUTION = "\nAssistant: <think>"
+_CJK = re.compile(r"[\u4e00-\u9fff]")
+_REFINE = re.compile(r"<refine>(.*?)</refine>", re.S)
+
+
+def _step_generations(trace: Trace) -> list[Generate]:
+    return [s for s in trace.steps if isinstance(s, Generate) and s.purpose == STEP_PURPOSE]
+
+
+def r1_solution(trace: Trace) -> str:
+    """The text R1-Searcher's reward servers score, rebuilt from a `r1-searcher` trace: everything after
+    the prompt's "Assistant: <think>" — the generations, the closing marker each stop cut, the
+    documents blocks injected — as the last step's prompt and its generation hold it (the closing
+    `</answer>` or `<|end_of_query|>` its stop cut restored from the step's action). A trace of
+    another agent: its step generations joined."""
+    generations = _step_generations(trace)
+    if not generations:
+        return ""
+    steps = agent_steps(trace)
+    last = generations[-1]
+    closer = {ANSWER: "</answer>", SEARCH: _R1_QUERY[1]}.get(steps[-1].action, "") if steps else ""
+    text = last.text if closer and last.text.endswith(closer) else last.text + closer
+    prompt = last.prompt[0].content if len(last.prompt) == 1 and last.prompt[0].role == "raw" else ""
+    if _R1_SOLUTION not in prompt:
+        return "".join(g.text for g in generations)
+    return (prompt.split(_R1_SOLUTION)[-1] + text).strip()
+
+
+def r1_searcher_format(solution: str) -> dict[str, bool]:
+    """R1-Searcher's format checks of a solution, each True when it passes (`train/reward_server_*.py`):
+    `retrieval`: it searched, and every query and documents marker came in matched blocks, each block
+    holding a first "(1)" document (stage 1's retrieval reward; a search that found nothing writes
+    "None" and fails it); `blocks`: the same without the search (stage 2); `tags`: no `<think>` (the
+    prompt opened it), one `</think>`, one `<answer>` and one `</answer>`; `clean`: no "Assistant" /
+    "assistant", no marker inside the answer, an answer of at most 10 words, no CJK character
+    outside the documents (the Qwen server's further checks)."""
+    counts = {solution.count(_R1_DOCUMENTS[0] + "\n"), solution.count(_R1_DOCUMENTS[1] + "\n\n"),
+              solution.count(_R1_QUERY[0]), solution.count(_R1_QUERY[1]), solution.count(_R1_DOCUMENTS[0]),
+              solution.count(_R1_DOCUMENTS[1]), solution.count(_R1_DOCUMENTS[0] + "\n(1)")}
+    blocks = len(counts) == 1
+    tags = solution.count("<think>") == 0 and solution.count("</think>") == solution.count("<answer>") \
+        == solution.count("</answer>") == 1
+    answer = solution.split("<answer>")[-1].split("</answer>")[0].strip()
+    clean = "Assistant" not in solution and "assistant" not in solution \
+        and "begin_of_query" not in answer and "begin_of_documents" not in answer and len(answer.split()) <= 10 \
+        and not _CJK.search(_R1_BLOCKS.sub("", solution))
+    return {"retrieval": blocks and solution.count(_R1_QUERY[0]) >= 1, "blocks": blocks, "tags": tags, "clean": clean}
+
+
+def _answer_f1(trace: Trace, golds: Sequence[str]) -> float:
+    """The F1 of the trace's answer, the best over the gold aliases; 0 without an answer. For
+    `r1-searcher` the answer is the text after the last `<answer>` of a reply that stopped at
+    `</answer>` (or the forced one), as R1-Searcher's servers extract it."""
+    return token_f1(trace.answer, golds) if trace.answer else 0.0
+
+
+def _check_golds(golds: Sequence[str]) -> None:
+    if isinstance(golds, str) or not golds:
+        raise DataError("the reward needs the question's gold answers (a non-empty list of strings)")
+
+
+def r1_searcher_stage1_reward(trace: Trace, golds: Sequence[str],
+                              settings: RewardSettings = RewardSettings()) -> Reward:
+    """R1-Searcher's stage 1 (Song et al., 2025, §2.2): learn to search. R = 0.5·R_retrieval + 0.5·R_format,
+    R_retrieval = 1 when the solution searched with its markers in order (`r1_searcher_format`'s
+    `retrieval`), R_format = 1 when its think / answer tags are right (`tags`); the answer is not
+    rewarded (its F1 is logged as the outcome). The paper's rule; the released Llama server of stage 1
+    adds ±1 on the answer's cover match, which is left out here."""
+    _check_golds(golds)
+    solution, steps = r1_solution(trace), agent_steps(trace)
+    checks = r1_searcher_format(solution)
+    total = 0.5 * checks["retrieval"] + 0.5 * checks["tags"]
+    return Reward(total, _answer_f1(trace, golds), **_counts(steps), retrieval=float(checks["retrieval"]))
+
+
+def r1_searcher_reward(trace: Trace, golds: Sequence[str], settings: RewardSettings = RewardSettings()) -> Reward:
+    """R1-Searcher's stage 2 (Song et al., 2025, §2.2): learn to answer. R = F1(answer, gold) − P, P =
+    `r1_format_penalty` (2) when the solution breaks the format (`r1_searcher_format`: unmatched
+    marker blocks, wrong tags, or the Qwen server's further checks), else 0. F1 is taken on SQuAD's
+    normalization (the servers replace punctuation by a space instead of dropping it), the best over
+    the gold aliases."""
+    _check_golds(golds)
+    solution, steps = r1_solution(trace), agent_steps(trace)
+    checks = r1_searcher_format(solution)
+    outcome = _answer_f1(trace, golds)
+    penalty = 0.0 if checks["blocks"] and checks["tags"] and checks["clean"] else settings.r1_format_penalty
+    return Reward(outcome - penalty, outcome, penalty=penalty, **_counts(steps))
+
+
+def refined_evidence(trace: Trace) -> str | None:
+    """Everything the model wrote inside `<refine> </refine>` over an episode, joined by spaces; None
+    when it never refined (AutoRefine's `extract_refine`)."""
+    found = [m for g in _step_generations(trace) for m in _REFINE.findall(g.text)]
+    return " ".join(found).strip() if found else None
+
+
+def contains_gold(text: str, golds: Sequence[str]) -> float:
+    """1 when a normalized gold alias occurs in the normalized text as a substring (AutoRefine's
+    `cover_em_check`; unlike `metrics.accuracy`, not on token boundaries), else 0."""
+    norm = normalize_answer(text)
+    return float(any(g and g in norm for g in (normalize_answer(a) for a in golds)))
+
+
+def autorefine_reward(trace: Trace, golds: Sequence[str], settings: RewardSettings = RewardSettings()) -> Reward:
+    """AutoRefine's reward (Shi et al., 2025, §3.2; `verl/utils/reward_score/qa_em.py`, `compute_reward`,
+    with `cmd/train.sh`'s F1 answer score, `refine_score` 0.1 and `format_score` 0): R = F1(answer,
+    gold) when it is above 0; otherwise `refine_weight` when the refined evidence holds a gold
+    answer (R_ret = 1), else 0."""
+    _check_golds(golds)
+    steps = agent_steps(trace)
+    outcome = _answer_f1(trace, golds)
+    refined = refined_evidence(trace)
+    retrieval = contains_gold(refined, golds) if refined else 0.0
+    total = outcome if outcome > 0 else settings.refine_weight * retrieval
+    return Reward(total, outcome, **_counts(steps), retrieval=retrieval)
+
+
 RewardFunction = Callable[..., Reward]
 
 REWARDS: Mapping[str, RewardFunction] = {
@@ -253,6 +389,9 @@ REWARDS: Mapping[str, RewardFunction] = {
     "belief-ungated": belief_ungated_reward,
     "beta-grpo": beta_grpo_reward,
     "hiprag": hiprag_reward,
+    "r1-searcher-stage1": r1_searcher_stage1_reward,
+    "r1-searcher": r1_searcher_reward,
+    "autorefine": autorefine_reward,
 }
 
 # rewards that read the belief probe at every step: a trainer must run the probe for these

@@ -1,0 +1,349 @@
+"""The released agentic-RAG baselines (issue 36, items 1-3): Search-o1, R1-Searcher and AutoRefine.
+
+Golden traces (tests/golden/search-o1-*.json, r1-searcher-*.json, autorefine-*.json; regenerate with
+METARAG_UPDATE_GOLDEN=1 and review the diff) on the scripted model: each loop's markers and stops,
+the Reason-in-Documents and refine steps in the trace, invalid output, the forced answer at the turn
+limit. Then the readers the loops rest on, and the rewards of R1-Searcher's two stages and of
+AutoRefine as pure functions of a trace, on hand-computed cases."""
+from __future__ import annotations
+
+import pytest
+from test_search_agent import Q, check_golden, decisions
+
+from metarag.errors import ConfigError
+from metarag.llm.scripted import ScriptedLLM
+from metarag.methods import autorefine as AR
+from metarag.methods import r1_searcher as R1
+from metarag.methods import search_o1 as SO
+from metarag.methods.registry import build_method, method_settings
+from metarag.methods.runner import Runtime, run
+from metarag.policy.agent_trace import ANSWER, INVALID, SEARCH, agent_steps
+from metarag.records import Completion, Decide, Generate, Message, Retrieve, Trace, Usage
+from metarag.retrieve.memory import MemoryRetriever
+from metarag.train import rewards as R
+
+U = Usage()
+
+
+def agent_run(name, rules, corpus, **settings):
+    llm = ScriptedLLM(rules)
+    return run(build_method(name, settings), Q, Runtime(llm, MemoryRetriever(corpus))), llm
+
+
+def actions(trace):
+    return [d.choice for d in decisions(trace, "agent-step")]
+
+
+def forced(trace):
+    return [d.signals["forced"] for d in decisions(trace, "agent-step")]
+
+
+# ------------------------------------------------------------------------------------ Search-o1
+O1_SEARCH = f"I need the tower's engineer first. {SO.BEGIN_QUERY}Eiffel Tower engineer{SO.END_QUERY}"
+O1_SEARCH_AGAIN = f"Now his birthplace. {SO.BEGIN_QUERY}Gustave Eiffel birthplace{SO.END_QUERY}"
+O1_ANSWER = "Gustave Eiffel was born in Dijon, so the answer is \\boxed{Dijon}."
+O1_CONDENSED = "The pages name the engineer.\n**Final Information**\n\nGustave Eiffel, the engineer, was born in Dijon."
+O1_FORCED = "\\text{Dijon}}"  # the reply to a prompt that opened \boxed{
+
+
+def o1_rules(*replies, condensed=O1_CONDENSED):
+    return [("Task Instruction", condensed), ("I can search no more", O1_FORCED), ("(?i)question", list(replies))]
+
+
+O1_CASES = {  # name: (replies, settings, actions, answer)
+    "search-answer": ((O1_SEARCH, O1_ANSWER), {}, [SEARCH, ANSWER], "Dijon"),
+    "no-box": (("I believe it is Dijon.",), {}, [INVALID], ""),
+    "forced": ((O1_SEARCH, O1_SEARCH_AGAIN), {"T": "3"}, [SEARCH, SEARCH, ANSWER], "Dijon"),
+    "search-limit": ((O1_SEARCH, O1_SEARCH_AGAIN, O1_ANSWER), {"max_searches": "1"}, [SEARCH, SEARCH, ANSWER], "Dijon"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(O1_CASES))
+def test_search_o1_golden(case, corpus):
+    replies, settings, expected, answer = O1_CASES[case]
+    trace, llm = agent_run("search-o1", o1_rules(*replies), corpus, **settings)
+    check_golden(f"search-o1-{case}", trace)
+    assert actions(trace) == expected and trace.answer == answer
+    assert forced(trace) == [0.0] * (len(expected) - 1) + [1.0 if case == "forced" else 0.0]
+    steps = [s for s in trace.steps if isinstance(s, Generate) and s.purpose == "agent-step"]
+    # generation stops at the query's end marker, which the chain gets back; later steps continue it
+    assert all(s.prompt[-1].role == "assistant" and s.prompt[-1].content.startswith(replies[0])
+               for s in steps[1:])
+    executed = len(trace.of_kind(Retrieve))
+    condensing = [s for s in trace.steps if isinstance(s, Generate) and s.purpose == "reason-in-documents"]
+    assert len(condensing) == executed == len(decisions(trace, "reason-in-documents"))
+    if executed:
+        # the documents reach the chain only through Reason-in-Documents: its final information, not the passages
+        later = steps[1].prompt[-1].content
+        assert f"{SO.BEGIN_RESULT}Gustave Eiffel, the engineer, was born in Dijon.{SO.END_RESULT}" in later
+        assert "wrought-iron" not in later and "wrought-iron" in condensing[0].prompt[0].content
+        assert "Eiffel Tower engineer" in condensing[0].prompt[0].content  # the current query
+    if case == "search-limit":
+        refused = decisions(trace, "agent-step")[1]
+        assert refused.signals["refused"] == 1.0 and executed == 1
+        assert "The search limit is reached" in steps[2].prompt[-1].content
+    if case == "forced":
+        assert steps[-1].prompt[-1].content.endswith(SO.FORCE_NOTE + SO.FORCE_PREFIX)
+        assert [r.k for r in trace.of_kind(Retrieve)] == [10, 10]
+
+
+def test_search_o1_repeated_query_is_not_searched_again(corpus):
+    trace, _ = agent_run("search-o1", o1_rules(O1_SEARCH, O1_SEARCH, O1_ANSWER), corpus)
+    assert actions(trace) == [SEARCH, SEARCH, ANSWER] and len(trace.of_kind(Retrieve)) == 1
+    assert "already searched this query" in trace.of_kind(Generate)[-1].prompt[-1].content
+
+
+def test_search_o1_no_helpful_information(corpus):
+    trace, _ = agent_run("search-o1", o1_rules(O1_SEARCH, O1_ANSWER, condensed="I found nothing."), corpus)
+    assert [d.choice for d in decisions(trace, "reason-in-documents")] == ["none"]
+    assert f"{SO.BEGIN_RESULT}{SO.NO_INFORMATION}{SO.END_RESULT}" in trace.of_kind(Generate)[-1].prompt[-1].content
+
+
+def test_search_o1_readers():
+    assert SO.boxed_answer("so \\boxed{Dijon}.") == "Dijon"
+    assert SO.boxed_answer("\\boxed{Lyon} no, \\boxed{\\text{Dijon}}") == "Dijon"  # the last box
+    assert SO.boxed_answer("\\boxed{x{1}y} z}") == "x{1}y"  # braces balanced
+    assert SO.boxed_answer("\\boxed{(Dijon)}") == "Dijon" and SO.boxed_answer("no box") == ""
+    assert SO.boxed_answer("\\boxed{Dijon\nmore}") == "Dijon"  # an unclosed box ends with its line
+    assert SO.final_information("x\n**Final Information**\n\nA\nB") == "AB"
+    assert SO.final_information("x\n**Modified Reasoning Steps**\nA\nB") == "A\nB"
+    assert SO.final_information("nothing marked") == SO.NO_INFORMATION
+    assert SO.last_between(O1_SEARCH + O1_SEARCH_AGAIN, SO.BEGIN_QUERY, SO.END_QUERY) == "Gustave Eiffel birthplace"
+    lines = "\n".join(f"line {i}" for i in range(1, 9)) + f"\n{SO.BEGIN_QUERY}q{SO.END_QUERY}\nend"
+    digest = SO.reasoning_digest(lines).split("\n\n")
+    # the first line, a run of others as "...", the marker line and the last three
+    assert digest == ["Step 1: line 1", "...", "Step 8: line 8", f"Step 9: {SO.BEGIN_QUERY}q{SO.END_QUERY}",
+                      "Step 10: end"]
+    assert SO.reasoning_digest("a\n\nb") == "Step 1: a\n\nStep 2: b"
+
+
+def test_search_o1_settings():
+    s = method_settings("search-o1")
+    assert (s.T, s.max_searches, s.k, s.step_max_tokens) == (15, 10, 10, 8192)
+    assert (s.instruction, s.task, s.force_answer) == ("multi", "default", True)
+    with pytest.raises(ConfigError):
+        method_settings("search-o1", {"instruction": "triple"})
+
+
+# ---------------------------------------------------------------------------------- R1-Searcher
+R1_SEARCH = f" I need the tower's engineer. {R1.BEGIN_QUERY}Eiffel Tower engineer{R1.END_QUERY}"
+R1_SEARCH_AGAIN = f" Where was he born? {R1.BEGIN_QUERY}\"Gustave Eiffel\"\tbirthplace{R1.END_QUERY}"
+R1_ANSWER = " He was born in Dijon. </think>\n\n<answer> Dijon </answer>"
+R1_FORCED = " Dijon </answer>"
+
+
+def r1_rules(*replies):
+    return [(r"</think>\s*<answer>$", R1_FORCED), ("User:", list(replies))]
+
+
+R1_CASES = {  # name: (replies, settings, actions, answer)
+    "search-answer": ((R1_SEARCH, R1_ANSWER), {}, [SEARCH, ANSWER], "Dijon"),
+    "no-marker": (("It is Dijon.",), {}, [INVALID], ""),
+    "empty-query": ((f"Hmm. {R1.BEGIN_QUERY} ... {R1.END_QUERY}",), {}, [INVALID], ""),
+    "forced": ((R1_SEARCH, R1_SEARCH_AGAIN), {"T": "3"}, [SEARCH, SEARCH, ANSWER], "Dijon"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(R1_CASES))
+def test_r1_searcher_golden(case, corpus):
+    replies, settings, expected, answer = R1_CASES[case]
+    trace, llm = agent_run("r1-searcher", r1_rules(*replies), corpus, **settings)
+    check_golden(f"r1-searcher-{case}", trace)
+    assert actions(trace) == expected and trace.answer == answer
+    assert forced(trace) == [0.0] * (len(expected) - 1) + [1.0 if case == "forced" else 0.0]
+    prompts = [s.prompt for s in trace.of_kind(Generate)]
+    assert all(len(p) == 1 and p[0].role == "raw" for p in prompts)  # no chat template
+    assert prompts[0][0].content.endswith("Assistant: <think>")
+    retrieves = trace.of_kind(Retrieve)
+    assert all(r.k == 5 for r in retrieves)
+    if retrieves:
+        second = prompts[1][0].content
+        block = f"{R1.END_QUERY}\n\n{R1.BEGIN_DOCUMENTS}\n(1)Title: Eiffel Tower Text: "
+        # the reply stripped, as the authors' loop appends it, then the closing marker and the documents
+        assert prompts[0][0].content + R1_SEARCH.strip().removesuffix(R1.END_QUERY) + block in second
+        assert second.endswith(f"{R1.END_DOCUMENTS}\n\n")
+    if case == "forced":
+        assert retrieves[1].query == "Gustave Eiffel birthplace"  # quotes dropped, the tab a space
+        assert prompts[-1][0].content.endswith(R1.FORCE_PREFIX)
+
+
+def test_r1_searcher_without_the_forced_answer_discards_the_last_turn(corpus):
+    trace, _ = agent_run("r1-searcher", r1_rules(R1_SEARCH, R1_ANSWER), corpus, T="2", force_answer="false")
+    assert actions(trace) == [SEARCH, ANSWER] and trace.answer == ""  # the authors' k == 9 cut, at T = 2
+
+
+def test_r1_searcher_reader():
+    def out(text, stop=None):
+        return Completion(text, U, finish_reason="stop" if stop else "length", stop=stop)
+
+    assert R1.read_step(out(" x <answer> Dijon ", "</answer>")) == ("answer", "Dijon")
+    assert R1.read_step(out(f"x {R1.BEGIN_QUERY} a\tb... ", R1.END_QUERY)) == ("search", "a b")
+    assert R1.read_step(out(f"x {R1.BEGIN_QUERY} a b")) == ("invalid", "")  # cut by the length, not the marker
+    assert R1.read_step(out("<answer> Dijon ")) == ("invalid", "")
+    assert R1.read_step(out(" <answer>  ", "</answer>")) == ("invalid", "")
+
+
+# ----------------------------------------------------------------------------------- AutoRefine
+AR_SEARCH = "<think>I need the tower's engineer.</think>\n<search> Eiffel Tower engineer </search>"
+AR_REFINE_SEARCH = ("<refine>The tower's engineer was Gustave Eiffel.</refine>\n<think>Where was he born?</think>\n"
+                    "<search> Gustave Eiffel birthplace </search>")
+AR_REFINE_ANSWER = "<refine>Gustave Eiffel was born in Dijon.</refine>\n<answer> Dijon </answer>"
+AR_NO_TAG = "I think it is Dijon."
+AR_FORCED = " Dijon </answer>"
+
+
+def ar_rules(*replies):
+    return [("no searches left", AR_FORCED), ("(?i)question", list(replies))]
+
+
+AR_CASES = {  # name: (replies, settings, actions, refine decisions)
+    "search-refine-answer": ((AR_SEARCH, AR_REFINE_ANSWER), {}, [SEARCH, ANSWER], ["refined"]),
+    "invalid-recovery": ((AR_NO_TAG, "<answer> Dijon </answer>"), {}, [INVALID, ANSWER], []),
+    "forced": ((AR_SEARCH, AR_REFINE_SEARCH, AR_SEARCH), {}, [SEARCH, SEARCH, SEARCH, ANSWER],
+               ["refined", "skipped", "skipped"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(AR_CASES))
+def test_autorefine_golden(case, corpus):
+    replies, settings, expected, refines = AR_CASES[case]
+    trace, llm = agent_run("autorefine", ar_rules(*replies), corpus, **settings)
+    check_golden(f"autorefine-{case}", trace)
+    assert actions(trace) == expected and trace.answer == "Dijon"
+    assert forced(trace) == [0.0] * (len(expected) - 1) + [1.0 if case == "forced" else 0.0]
+    assert [d.choice for d in decisions(trace, "refine")] == refines
+    steps = trace.of_kind(Generate)
+    if expected[0] == SEARCH:
+        later = steps[1].prompt[-1].content
+        assert later.startswith(AR_SEARCH + "\n\n<documents>Doc 1(Title: Eiffel Tower) ")
+        assert "</documents>\n\n" in later
+        assert "<information>" not in later
+    if case == "invalid-recovery":
+        assert steps[1].prompt[-1].content == AR_NO_TAG + AR.INVALID_NOTE
+    if case == "forced":
+        assert steps[-1].prompt[-1].content.endswith(AR.FORCE_NOTE + AR.FORCE_PREFIX)
+        assert all(r.k == 3 for r in trace.of_kind(Retrieve))
+
+
+def test_autorefine_reader():
+    assert AR.read_action("<refine>x</refine><search> q </search>") == ("search", "q")
+    assert AR.read_action("<answer> A </answer><search> q </search>") == ("answer", "A")  # the first pair
+    assert AR.read_action("<search>  </search>") == ("invalid", "")
+    assert AR.read_action("<search> q") == ("invalid", "")
+
+
+@pytest.mark.parametrize("name", ["search-o1", "r1-searcher", "autorefine"])
+def test_the_goldens_follow_the_agent_trace_contract(name, corpus):
+    rules = {"search-o1": o1_rules(O1_SEARCH, O1_ANSWER), "r1-searcher": r1_rules(R1_SEARCH, R1_ANSWER),
+             "autorefine": ar_rules(AR_SEARCH, AR_REFINE_ANSWER)}[name]
+    trace, _ = agent_run(name, rules, corpus)
+    steps = agent_steps(trace)
+    assert [s.action for s in steps] == [SEARCH, ANSWER]
+    assert steps[0].query == "Eiffel Tower engineer" and steps[0].passage_ids
+
+
+# ------------------------------------------------------------------------------------- rewards
+GOLD = ("Gustave Eiffel",)
+
+
+def r1_trace(solution: str, action: str, answer: str | None, searches: int = 0) -> Trace:
+    """A one-step r1-searcher trace whose last prompt and generation hold `solution` (the stop's closer
+    cut off the generation, as the runner records it)."""
+    head, _, generated = solution.rpartition("\n\n")
+    closer = {ANSWER: "</answer>", SEARCH: R1.END_QUERY}.get(action, "")
+    generated = generated.removesuffix(closer)
+    prompt = R1.PROMPT.format(question="Who?") + head + ("\n\n" if head else "")
+    steps = [Generate(U, "agent-step", (Message("raw", prompt),), generated),
+             Decide(U, "agent-step", action, {"step": 0.0, "forced": 0.0})]
+    return Trace("q", "Who?", "r1-searcher", tuple(steps), answer)
+
+
+DOCS = (f"{R1.END_QUERY}\n\n{R1.BEGIN_DOCUMENTS}\n(1)Title: Eiffel Text: The engineer Gustave Eiffel.\n"
+        f"{R1.END_DOCUMENTS}")
+GOOD = (f" who built it {R1.BEGIN_QUERY}Eiffel Tower builder{DOCS}\n\nIt was Eiffel. </think>\n\n"
+        "<answer> Eiffel </answer>")
+
+
+def test_r1_searcher_rewards_hand_computed():
+    good = r1_trace(GOOD, ANSWER, "Eiffel")
+    assert R.r1_solution(good) == GOOD.strip()
+    assert R.r1_searcher_format(R.r1_solution(good)) == {"retrieval": True, "blocks": True, "tags": True, "clean": True}
+    # stage 1: 0.5 for the search in format + 0.5 for the tags; the answer's F1 (2·1·½/1.5 = ⅔) only logged
+    stage1 = R.r1_searcher_stage1_reward(good, GOLD)
+    assert stage1.total == 1.0 and stage1.retrieval == 1.0 and stage1.outcome == pytest.approx(2 / 3)
+    # stage 2: F1 = ⅔ (precision 1, recall ½), no penalty
+    stage2 = R.r1_searcher_reward(good, GOLD)
+    assert stage2.total == pytest.approx(2 / 3) and stage2.penalty == 0.0
+    # answering without a search: stage 1 gets the format half only; stage 2 is unaffected (blocks all 0)
+    direct = r1_trace(" known. </think>\n\n<answer> Gustave Eiffel </answer>", ANSWER, "Gustave Eiffel")
+    assert R.r1_searcher_stage1_reward(direct, GOLD).total == 0.5
+    assert R.r1_searcher_reward(direct, GOLD).total == 1.0
+    # a second <think>: the tags fail, stage 2 takes the −2 penalty on top of the F1 of 1
+    twice = r1_trace(" <think> again </think>\n\n<answer> Gustave Eiffel </answer>", ANSWER, "Gustave Eiffel")
+    assert R.r1_searcher_stage1_reward(twice, GOLD).total == 0.0
+    assert R.r1_searcher_reward(twice, GOLD).total == pytest.approx(-1.0)
+    # a search that found nothing writes "None": no "(1)" block, so the blocks fail
+    empty = r1_trace(GOOD.replace("(1)Title: Eiffel Text: The engineer Gustave Eiffel.\n", "None"), ANSWER, "Eiffel")
+    assert R.r1_searcher_format(R.r1_solution(empty))["blocks"] is False
+    assert R.r1_searcher_reward(empty, GOLD).total == pytest.approx(2 / 3 - 2)
+    # an answer of eleven words, and CJK outside the documents, break the Qwen server's checks
+    long = r1_trace(" x </think>\n\n<answer> " + "word " * 11 + "</answer>", ANSWER, "word " * 11)
+    assert R.r1_searcher_reward(long, GOLD).penalty == 2.0
+    cjk = r1_trace(" 埃菲尔 </think>\n\n<answer> Gustave Eiffel </answer>", ANSWER, "Gustave Eiffel")
+    assert R.r1_searcher_reward(cjk, GOLD).total == pytest.approx(-1.0)
+    # no answer: F1 0; the penalty is a setting
+    none = r1_trace(" I give up.", INVALID, None)
+    assert R.r1_searcher_reward(none, GOLD, R.RewardSettings(r1_format_penalty=1.0)).total == -1.0
+
+
+def ar_trace(*texts: str, answer: str | None) -> Trace:
+    steps = []
+    for t, text in enumerate(texts):
+        action = ANSWER if t == len(texts) - 1 and answer else SEARCH
+        steps += [Generate(U, "agent-step", (Message("user", "q"),), text),
+                  Decide(U, "agent-step", action, {"step": float(t), "forced": 0.0})]
+    return Trace("q", "Who?", "autorefine", tuple(steps), answer)
+
+
+def test_autorefine_reward_hand_computed():
+    searched = "<think>who?</think><search> tower builder"
+    # a right answer: its F1 alone (the refine is not added)
+    right = ar_trace(searched, "<refine>Gustave Eiffel built it.</refine><answer> Eiffel", answer="Eiffel")
+    reward = R.autorefine_reward(right, GOLD)
+    assert reward.total == pytest.approx(2 / 3) and reward.retrieval == 1.0 and reward.searches == 1
+    # a wrong answer whose refine holds the gold: 0.1
+    wrong = ar_trace(searched, "<refine>It was built by gustave eiffel's company.</refine><answer> Lyon", answer="Lyon")
+    assert R.autorefine_reward(wrong, GOLD).total == pytest.approx(0.1)
+    assert R.autorefine_reward(wrong, GOLD, R.RewardSettings(refine_weight=0.3)).total == pytest.approx(0.3)
+    # the refines of every step count, joined; the gold is found as a substring, not on token boundaries
+    split = ar_trace("<refine>Gustave</refine><search> q", "<refine>Eiffels</refine><answer> Lyon", answer="Lyon")
+    assert R.refined_evidence(split) == "Gustave Eiffels"
+    assert R.autorefine_reward(split, GOLD).total == pytest.approx(0.1)
+    # wrong, and the refine misses the gold (or there is none): 0
+    missed = ar_trace(searched, "<refine>A tower.</refine><answer> Lyon", answer="Lyon")
+    assert R.autorefine_reward(missed, GOLD).total == 0.0
+    assert R.autorefine_reward(ar_trace("<answer> Lyon", answer="Lyon"), GOLD).retrieval == 0.0
+    assert R.contains_gold("the gustave eiffel company", GOLD) == 1.0 and R.contains_gold("Eiffel", GOLD) == 0.0
+
+
+def test_the_rewards_on_the_agents_own_runs(corpus):
+    trace, _ = agent_run("r1-searcher", r1_rules(R1_SEARCH, R1_ANSWER), corpus)
+    stage1, stage2 = R.r1_searcher_stage1_reward(trace, ("Dijon",)), R.r1_searcher_reward(trace, ("Dijon",))
+    assert (stage1.total, stage1.retrieval, stage2.total, stage2.penalty) == (1.0, 1.0, 1.0, 0.0)
+    refined_wrong = "<refine>Eiffel was born in Dijon.</refine><answer> Lyon </answer>"
+    trace, _ = agent_run("autorefine", ar_rules(AR_SEARCH, refined_wrong), corpus)
+    assert trace.answer == "Lyon" and R.autorefine_reward(trace, ("Dijon",)).total == pytest.approx(0.1)
+
+
+def test_train_agent_trains_the_released_agents():
+    from metarag.train.agent import AgentTrainSettings
+
+    r1 = AgentTrainSettings(method="r1-searcher", reward="r1-searcher-stage1", max_turns=8, top_k=3)
+    assert r1.method_overrides() == {"T": 9, "k": 3, "step_max_tokens": 512}  # no belief probe to turn on
+    method_settings("r1-searcher", r1.method_overrides())
+    refine = AgentTrainSettings(method="autorefine", reward="autorefine", max_turns=5)
+    assert method_settings("autorefine", refine.method_overrides()).T == 6
+    with pytest.raises(ConfigError, match="reads the belief probe"):
+        AgentTrainSettings(method="autorefine", reward="belief")
+    with pytest.raises(ConfigError, match="train-agent trains"):
+        AgentTrainSettings(method="search-o1", reward="search-r1")  # prompt-only: its paper does not train it
