@@ -8,10 +8,11 @@ One growing assistant turn, as Search-R1 (whose trainer AutoRefine extends): the
 </documents>`, refines them inside `<refine> </refine>` and answers inside `<answer> </answer>`.
 Generation stops at `</search>` / `</answer>`. The action is the first complete `<search>` or
 `<answer>` pair of the reply; a reply without one is the action "invalid": nothing is retrieved, the
-model is told how to write an action, and the episode goes on. Every step that follows a search
-records whether the model refined the documents it got, right after its generation:
-`Decide("refine", "refined"|"skipped", {step})` (the refined text itself is in the generation, which
-the reward reads).
+model is told how to write an action, and the episode goes on (the transcript grows at every step,
+so no loop state repeats and the shared fixed-point rule has nothing to detect). Every step that
+follows a search records whether the model refined the documents it got, right after its
+generation: `Decide("refine", "refined"|"skipped", {step})` (the refined text itself is in the
+generation, which the reward reads).
 
 Prompt (`preprocess/data_process/utils.py`, `make_prefix`, template "autorefine"), observation and
 invalid-action texts, stop strings and the action reader (`search_r1/llm_agent/generation.py`),

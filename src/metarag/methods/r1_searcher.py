@@ -10,7 +10,8 @@ generation stops at `<|end_of_query|>` or `</answer>`. After a query the loop ap
 marker and the top-k passages between `<|begin_of_documents|>` and `<|end_of_documents|>`, and the
 model goes on. A reply that stops at neither marker, or whose query is empty once cleaned, ends the
 episode with no answer (the authors' "shot_down" and "query_inst_error", scored "I don't know"):
-recorded as the action "invalid", never a crash.
+recorded as the action "invalid", never a crash. The prompt grows at every step, so no loop state
+repeats and the shared fixed-point rule has nothing to detect.
 
 Markers, prompt (`base_prompt_v0`, the one `evaluation/gen_search.sh` and the README run), stop
 strings, query cleaning, document layout ("(1)..." one per line, "None" for no passage) and the

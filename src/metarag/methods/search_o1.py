@@ -10,7 +10,8 @@ previous reasoning, the query and the documents, and only what follows its `**Fi
 line is injected, between `<|begin_search_result|>` and `<|end_search_result|>`. A reply without a
 complete query ends the episode (the authors' "finished"); its answer is the last `\\boxed{...}` of
 the chain. The paper runs a large reasoning model (QwQ-32B-Preview); the loop is prompt-only and
-runs on any instruction model, which follows the markers less reliably.
+runs on any instruction model, which follows the markers less reliably. The chain grows at every
+step, so no loop state repeats and the shared fixed-point rule has nothing to detect.
 
 Prompts and rules follow the authors' release (github.com/sunnynexus/Search-o1):
 `scripts/prompts.py` (`get_multiqa_search_o1_instruction`, `get_singleqa_search_o1_instruction`,
