@@ -347,3 +347,40 @@ def test_train_agent_trains_the_released_agents():
         AgentTrainSettings(method="autorefine", reward="belief")
     with pytest.raises(ConfigError, match="train-agent trains"):
         AgentTrainSettings(method="search-o1", reward="search-r1")  # prompt-only: its paper does not train it
+
+
+# ------------------------------------------------------------------------- train-agent's rollout rows
+def rollout_of(name, rules, corpus):
+    from metarag.methods.runner import Sampling, run_many
+    from metarag.train.agent import rollout_sample
+
+    llm = ScriptedLLM(rules)
+    runtime = Runtime(llm=llm, retriever=MemoryRetriever(corpus), sampling=Sampling(seed=1))
+    trace = run_many(build_method(name), [Q], runtime, seeds=[1])[0]
+    assert trace.error is None and trace.answer == "Dijon"
+    return trace, rollout_sample(trace, llm), llm
+
+
+def test_autorefine_rollout_is_one_growing_row(corpus):
+    from metarag.train.agent import FRESH_PROMPT
+
+    trace, sample, llm = rollout_of("autorefine", ar_rules(AR_SEARCH, AR_REFINE_ANSWER), corpus)
+    assert len(sample.layout) == 2 and FRESH_PROMPT not in sample.layout and not sample.packed
+    # mask 0 exactly on the documents block (the closing </search> was generated, with the stop)
+    hits = trace.of_kind(Retrieve)[0].hits
+    injected = llm.detokenize([i for i, m in zip(sample.completion_ids, sample.env_mask) if not m])
+    assert injected == AR.DOCUMENTS_BLOCK.format(documents=AR.format_documents(hits).strip())
+    generated = llm.detokenize([i for i, m in zip(sample.completion_ids, sample.env_mask) if m])
+    assert "<refine>Gustave Eiffel was born in Dijon.</refine>" in generated  # the refine is trained on
+
+
+def test_r1_searcher_rollout_continues_the_raw_prompt(corpus):
+    from metarag.train.agent import FRESH_PROMPT
+
+    # the authors strip each reply before appending the documents: a reply without outer spaces
+    # continues the row; one with a leading space (" I need") makes the next prompt a fresh segment
+    tight = [(r"</think>\s*<answer>$", R1_FORCED), ("User:", [R1_SEARCH.strip(), R1_ANSWER])]
+    _, sample, _ = rollout_of("r1-searcher", tight, corpus)
+    assert len(sample.layout) == 2 and FRESH_PROMPT not in sample.layout
+    _, spaced, _ = rollout_of("r1-searcher", r1_rules(R1_SEARCH, R1_ANSWER), corpus)
+    assert spaced.layout == (spaced.layout[0], FRESH_PROMPT) and spaced.packed
