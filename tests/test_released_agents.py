@@ -296,6 +296,15 @@ def test_r1_searcher_rewards_hand_computed():
     assert R.r1_searcher_reward(none, GOLD, R.RewardSettings(r1_format_penalty=1.0)).total == -1.0
 
 
+def test_r1_searcher_answer_f1_hand_computed():
+    # punctuation becomes a space (SQuAD drops it: "rocknroll" would score 0), underscores too
+    assert R.r1_answer_f1("rock-n-roll", ["rock n roll"]) == 1.0 and R.r1_answer_f1("Gustave_Eiffel", GOLD) == 1.0
+    assert R.r1_answer_f1("The Eiffel.", GOLD) == pytest.approx(2 / 3)  # P 1/1, R 1/2
+    assert R.r1_answer_f1("True", ["yes"]) == 1.0 and R.r1_answer_f1("yes", ["yes it is"]) == 0.0
+    assert R.r1_answer_f1("Eiffel", ["Paris", "Eiffel tower"]) == pytest.approx(2 / 3)  # the best alias
+    assert R.r1_answer_f1(None, GOLD) == 0.0 and R.r1_normalize("‘An’ Apple_pie!") == "apple pie"
+
+
 def ar_trace(*texts: str, answer: str | None) -> Trace:
     steps = []
     for t, text in enumerate(texts):

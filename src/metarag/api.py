@@ -20,11 +20,13 @@ from metarag.errors import MissingDependency
 @dataclass(frozen=True)
 class Run:
     """A run folder read back: its path, its resolved settings and every question's newest result,
-    in dataset order (failed questions included: they score 0)."""
+    in dataset order (failed questions included: they score 0); of a sampled run (`samples=k`), sample
+    0's, and `sampled` every (question, sample)'s."""
 
     path: Path
     settings: dict
     records: tuple[Any, ...]
+    sampled: tuple[Any, ...] = ()
 
     @classmethod
     def load(cls, path: str | Path) -> Run:
@@ -32,7 +34,27 @@ class Run:
         from metarag.evaluate.report import load_run
 
         loaded = load_run(path)
-        return cls(loaded.path, loaded.settings, loaded.results)
+        return cls(loaded.path, loaded.settings, loaded.results, loaded.samples)
+
+    def judge(self, llm: str = "embedded", *, prompt: str = "agentic-rag", workers: int = 1,
+              llm_instance: Any = None) -> Run:
+        """Judge every answer of the run with an LLM (`eval --judge-llm`; a sharded run's too, once its
+        shards have finished), keeping the verdicts in the run folder and asking only about answers not
+        judged yet; returns the run read again, its table now with the judged accuracy. `llm`: the
+        judge's spec string; `prompt`: the judge prompt's name (`judges.correctness.PROMPTS`);
+        `llm_instance`: a model object to judge with instead (its identity names the judge)."""
+        from metarag.evaluate.answer_judge import judge_answers
+        from metarag.evaluate.runs import RunStore
+        from metarag.judges.correctness import AnswerJudge
+        from metarag.llm.registry import parse_llm_spec
+
+        judge = AnswerJudge(prompt=prompt)
+        if llm_instance is None:
+            parse_llm_spec(llm)
+        with RunStore(self.path).lock():  # no eval writes the run while it is judged
+            judge_answers(self.path, self.sampled or self.records, llm_instance if llm_instance is not None else llm,
+                          judge, workers=workers)
+        return Run.load(self.path)
 
     def table(self, *others: Run, baseline: int | None = 0, columns: Sequence[str] | None = None) -> str:
         """The report table of this run and `others` (markdown, as `metarag report` prints it); with
@@ -66,7 +88,9 @@ def _row(result: Any) -> dict[str, Any]:
 def run(method: str, dataset: str | Path, *, llm: str = "embedded", retriever: str = "bm25",
              settings: Mapping[str, Any] | None = None, limit: int | None = None, seed: int = 0,
              corpus: str | Path | None = None, runs_dir: str | Path | None = None, progress: bool = False,
-             llm_instance: Any = None, retriever_instance: Any = None, shard: str | None = None) -> Run:
+             llm_instance: Any = None, retriever_instance: Any = None, shard: str | None = None,
+             samples: int = 1, temperature: float | None = None, top_p: float | None = None,
+             judge_llm: str | None = None, judge_prompt: str = "agentic-rag", judge_llm_instance: Any = None) -> Run:
     """Evaluate `method` on `dataset` (or resume that run) and return the run. (`run`, not
     `evaluate`: `metarag.evaluate` is the package of the harness, metrics and reports.)
 
@@ -79,9 +103,13 @@ def run(method: str, dataset: str | Path, *, llm: str = "embedded", retriever: s
     building them from the specs (a scripted model in a test, a shared retrieval service); the run
     id still names the specs. `shard`: "i/n", run only the i-th of n disjoint slices of the questions
     into the same run folder as the other shards (the returned run holds every shard written so far).
+    `samples`: k sampled answers per question (`eval --samples k`; `temperature` / `top_p` default to
+    0.6 / 0.95), avg@k and pass@k in the table. `judge_llm`: judge every answer with this model afterwards
+    (`eval --judge-llm`; `judge_prompt` names the prompt, `judge_llm_instance` replaces the model).
     The run folder, its id and its resume are `metarag eval`'s."""
-    from metarag.evaluate.harness import DatasetSpec, EvalConfig, evaluate, runs_dir_default
+    from metarag.evaluate.harness import DatasetSpec, EvalConfig, Samples, evaluate, runs_dir_default
     from metarag.evaluate.runs import Shard
+    from metarag.judges.correctness import AnswerJudge
     from metarag.llm.registry import parse_llm_spec
 
     given = Path(str(dataset)).expanduser()
@@ -91,8 +119,13 @@ def run(method: str, dataset: str | Path, *, llm: str = "embedded", retriever: s
     config = EvalConfig(method=method, dataset=spec, llm=parse_llm_spec(llm), retriever=retriever,
                         overrides={k: str(v) if not isinstance(v, str) else v for k, v in (settings or {}).items()},
                         runs_dir=str(runs_dir if runs_dir is not None else runs_dir_default()),
-                        shard=Shard.parse(shard) if shard is not None else None)
-    store, _ = evaluate(config, progress=progress, llm=llm_instance, retriever=retriever_instance)
+                        shard=Shard.parse(shard) if shard is not None else None,
+                        samples=Samples(samples, **{k: v for k, v in (("temperature", temperature), ("top_p", top_p))
+                                                   if v is not None}),
+                        judge_llm=judge_llm,
+                        answer_judge=AnswerJudge(prompt=judge_prompt))
+    store, _ = evaluate(config, progress=progress, llm=llm_instance, retriever=retriever_instance,
+                        judge_llm=judge_llm_instance)
     return Run.load(store.path)
 
 

@@ -187,10 +187,9 @@ def build_parser() -> argparse.ArgumentParser:
     tr.set_defaults(handler=cmd_train_router)
 
     ta = sub.add_parser("train-agent", help="train the search agent with GRPO (TRL) on training questions",
-                        description="GRPO on TRL's GRPOTrainer: the agent's own policy (search-r1, belief-agent, "
-                                    "r1-searcher or autorefine) run through the shared runner on the live model as "
-                                    "rollouts (G per question, sampled, the belief probe at every step of search-r1 "
-                                    "and belief-agent), the reward read from each trace. "
+                        description="GRPO on TRL's GRPOTrainer: the agent's own policy (search-r1 or belief-agent) "
+                                    "run through the shared runner on the live model as rollouts (G per question, "
+                                    "sampled, the belief probe at every step), the reward read from each trace. "
                                     "Paper settings by default (lr 1e-6, KL 0.001, G 5, 4 turns, 512 response "
                                     "tokens, 4,096 prompt tokens, top-3). Training splits only. Checkpoints: "
                                     "OUT/trainer/checkpoint-N/merged, for metarag eval --llm hf:PATH; a re-run "
@@ -204,12 +203,10 @@ def build_parser() -> argparse.ArgumentParser:
     ta.add_argument("--limit", type=positive_int, default=None, help="a seeded sample of N training questions")
     ta.add_argument("--seed", type=int, default=0, help="sampling, rollout and trainer seed (default 0)")
     ta.add_argument("--out", metavar="DIR", help="where checkpoints, the log and the manifest go")
-    ta.add_argument("--method", default="belief-agent", help="the agent: belief-agent (default), search-r1, "
-                    "r1-searcher or autorefine")
+    ta.add_argument("--method", default="belief-agent", help="the agent: belief-agent (default) or search-r1")
     ta.add_argument("--reward", default="belief", help="the reward (train/rewards.py): belief (default), search-r1, "
                     "belief-over-only, belief-under-only, belief-ungated, beta-grpo, hiprag (HiPRAG's process "
-                    "reward: LLM judges mark over- and under-search steps), r1-searcher-stage1 and r1-searcher "
-                    "(R1-Searcher's two stages), autorefine (answer F1, or 0.1 for a refine that holds the gold)")
+                    "reward: LLM judges mark over- and under-search steps)")
     ta.add_argument("--recipe", default="paper", help="a named preset of the settings below: paper (default: the "
                     "paper's), cpu (a step the 2-core CPU can afford: 3 turns, 128 tokens, top-2, KL 0, no "
                     "checkpointing, bf16 autocast, LoRA at 1e-5; train/agent.py RECIPES says why); --set overrides it")
@@ -385,6 +382,24 @@ def add_eval_args(p: argparse.ArgumentParser) -> None:
                    help="stop after N questions in a row fail with retryable errors (default: 3; 0 never stops)")
     p.add_argument("--wait", action="store_true",
                    help="if another process is writing the same run, wait for it instead of refusing")
+    p.add_argument("--samples", type=positive_int, default=1, metavar="K",
+                   help="answer each question K times, sampled and seeded (sample i from --seed, the question and "
+                        "i), each answer resumable on its own; report adds avg@k and pass@k (default 1: one "
+                        "greedy answer); a larger K later on the same run adds the missing samples")
+    p.add_argument("--sample-temperature", type=float, default=None, metavar="T",
+                   help="sampling temperature of --samples K (default 0.6, with top-p 0.95: DeepSeek-R1's pass@1 "
+                        "sampling)")
+    p.add_argument("--sample-top-p", type=float, default=None, metavar="P",
+                   help="nucleus sampling of --samples K (default 0.95)")
+    p.add_argument("--judge-llm", nargs="?", const="embedded", default=None, metavar="SPEC",
+                   help="after the questions, judge every answer with an LLM (LLM-as-judge accuracy: is the "
+                        "prediction right given the question and gold answers?): alone the embedded model, or any "
+                        "spec (openai:MODEL@URL ...); verdicts kept in the run folder (answer-judge-<id>.jsonl, "
+                        "with the judge and its prompt), resumed on a re-run; report shows the judged accuracy and "
+                        "its agreement with EM and Acc")
+    p.add_argument("--judge-prompt", default=None, choices=("agentic-rag", "equivalence"),
+                   help="the judge's prompt: agentic-rag (question, gold answers and prediction, as R1-Searcher "
+                        "and Search-o1 judge; the default) or equivalence (gold answers and prediction only)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     add_llm_args(p)
 
@@ -436,7 +451,26 @@ def eval_config_from_args(args: argparse.Namespace):
                       workers=args.workers, runs_dir=str(runs_dir),
                       retry_failed=args.retry_failed, max_consecutive_failures=args.max_consecutive_failures,
                       wait=args.wait, batch=args.batch,
-                      shard=Shard.parse(args.shard) if getattr(args, "shard", None) else None)
+                      shard=Shard.parse(args.shard) if getattr(args, "shard", None) else None,
+                      samples=samples_from_args(args), judge_llm=args.judge_llm,
+                      answer_judge=answer_judge_from_args(args))
+
+
+def samples_from_args(args: argparse.Namespace):
+    from metarag.evaluate.harness import Samples
+
+    if args.samples == 1 and (args.sample_temperature is not None or args.sample_top_p is not None):
+        raise_config("--sample-temperature and --sample-top-p set the sampling of --samples K; give K > 1")
+    given = {"temperature": args.sample_temperature, "top_p": args.sample_top_p}
+    return Samples(k=args.samples, **{k: v for k, v in given.items() if v is not None})
+
+
+def answer_judge_from_args(args: argparse.Namespace):
+    from metarag.judges.correctness import AnswerJudge
+
+    if args.judge_prompt is not None and args.judge_llm is None:
+        raise_config("--judge-prompt sets the prompt of --judge-llm; give both")
+    return AnswerJudge(prompt=args.judge_prompt) if args.judge_prompt else AnswerJudge()
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
@@ -449,8 +483,14 @@ def cmd_eval(args: argparse.Namespace) -> int:
         print(prepare(eval_config_from_args(args))[0].path)
         return 0
     store, results = evaluate(eval_config_from_args(args), progress=not args.quiet)
-    table, _ = report_table([load_run(store.path)], baseline=None)
+    run = load_run(store.path)
+    table, _ = report_table([run], baseline=None)
     print(table)
+    if args.judge_llm is not None:
+        from metarag.evaluate.answer_judge import format_answer_judges
+
+        print()
+        print(format_answer_judges([run]))
     print(f"run folder: {store.path}")
     failures = failure_summary(results)
     if failures:
@@ -516,6 +556,11 @@ def cmd_report(args: argparse.Namespace) -> int:
         tests = args.test or ["t-test"]
         print(f"\n* p < 0.05 against {runs[baseline].name} (paired {tests[0]} on per-question EM / F1; "
               f"p-value columns for {', '.join(tests)})")
+    from metarag.evaluate.answer_judge import format_answer_judges
+
+    if judges := format_answer_judges(runs):
+        print()
+        print(judges)
     if args.breakdown:
         for run in runs:
             print()

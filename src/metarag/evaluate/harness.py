@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import hashlib
 import os
 import subprocess
 import sys
@@ -22,13 +23,14 @@ from typing import Any
 
 from metarag import __version__
 from metarag.errors import BackendError, ConfigError, DataError
-from metarag.metrics import AnswerScores, score_answer, support_recall
 from metarag.evaluate.runs import QuestionResult, RunStore, Shard, describe_holder
+from metarag.judges.correctness import AnswerJudge
 from metarag.llm.registry import LLMSpec, check_spec, make_llm
 from metarag.methods.registry import CLOSED_BOOK, build_method, component_revisions, method_revision, method_settings
-from metarag.methods.runner import Method, Runtime, check_needs, run, run_many
+from metarag.methods.runner import Method, Runtime, Sampling, check_needs, run, run_many
+from metarag.metrics import AnswerScores, score_answer, support_recall
 from metarag.records import Question, Trace
-from metarag.settings import artifact_digests, settings_hash, to_plain
+from metarag.settings import artifact_digests, check_ranges, setting, settings_hash, to_plain
 
 ZERO = AnswerScores(0.0, 0.0, 0.0, 0.0, 0.0)
 
@@ -50,6 +52,33 @@ class DatasetSpec:
 
 
 @dataclass(frozen=True)
+class Samples:
+    """k sampled answers per question (`eval --samples k`), scored as avg@k and pass@k. k = 1: one greedy
+    answer, as every method's own decoding. k > 1: every answer is sampled at `temperature` / `top_p`,
+    0.6 / 0.95 by default, the sampling DeepSeek-R1 reports pass@1 over k samples with (Guo et al., 2025,
+    §3.1, evaluation setup); sample i of a question is seeded by `sample_seed(run seed, question, i)`.
+    The sampling is hashed into the run id, k is not: `--samples 8` on a 4-sample run adds samples 4-7."""
+
+    k: int = setting(1, ge=1)
+    temperature: float = setting(0.6, gt=0)
+    top_p: float = setting(0.95, gt=0, le=1)
+
+    def __post_init__(self) -> None:
+        check_ranges(self)
+
+    def sampling(self) -> Sampling | None:
+        """The runner's decoding override of a sampled run; None (the methods' greedy decoding) for k = 1."""
+        return Sampling(self.temperature, self.top_p) if self.k > 1 else None
+
+
+def sample_seed(run_seed: int, question_id: str, sample: int) -> int:
+    """The rollout seed of sample `sample` of a question in a run seeded `run_seed` (`--seed`): the same
+    on every re-run and resume, distinct across questions and samples, 31 bits."""
+    digest = hashlib.blake2b(f"{run_seed}:{question_id}:{sample}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") & 0x7FFF_FFFF
+
+
+@dataclass(frozen=True)
 class EvalConfig:
     """Everything that defines a run; its resolved form is saved and hashed into the run id.
 
@@ -59,7 +88,10 @@ class EvalConfig:
     another writer of the same run folder instead of refusing), `batch` (run up to this many questions
     in lockstep, each round's model requests sent as one batch: `run_many`; then `workers` is how many
     of a round's requests go out at once to a back-end that does not batch, e.g. a server's slots),
-    `shard` (run only this slice of the questions, into the same run folder as the other shards)."""
+    `shard` (run only this slice of the questions, into the same run folder as the other shards).
+    `samples`: k answers per question (`Samples`; its sampling is hashed, k is not). `judge_llm`: after
+    the questions, judge every answer with this model (a spec string) and `answer_judge`, the verdicts
+    kept in the run folder beside the results, not hashed (`evaluate/answer_judge.py`)."""
 
     method: str
     dataset: DatasetSpec
@@ -75,6 +107,9 @@ class EvalConfig:
     wait: bool = False
     batch: int = 1
     shard: Shard | None = None
+    samples: Samples = Samples()
+    judge_llm: str | None = None
+    answer_judge: AnswerJudge = AnswerJudge()
 
 
 def load_questions(spec: DatasetSpec):
@@ -122,6 +157,13 @@ def prepare(config: EvalConfig):
     if config.max_consecutive_failures < 0:
         raise ConfigError("--max-consecutive-failures must be 0 (never stop) or more")
     check_spec(config.llm)
+    if config.judge_llm is not None:
+        from metarag.llm.registry import parse_llm_spec
+
+        parse_llm_spec(config.judge_llm)  # an unknown judge model fails here, before any question
+        if config.shard is not None:
+            raise ConfigError("--judge-llm judges a whole run, not one shard: judge a sharded run once its shards "
+                              "have finished, from Python: metarag.Run.load(RUN).judge(SPEC)")
     from metarag.rerank.registry import check_reranker, reranker_settings
 
     check_reranker(config.reranker)
@@ -146,6 +188,8 @@ def prepare(config: EvalConfig):
         "llm": {k: v for k, v in asdict(config.llm).items()
                 if k not in ("response_cache", "n_threads") and (k != "prefix_chunk" or v)},
     }
+    if config.samples.k > 1:  # absent for one greedy answer per question, so those run ids stay put
+        resolved["sampling"] = {"temperature": config.samples.temperature, "top_p": config.samples.top_p}
     revision = method_revision(config.method)
     if revision > 1:  # absent at revision 1, so the run ids of unchanged methods stay put
         resolved["method_revision"] = revision
@@ -165,8 +209,9 @@ def prepare(config: EvalConfig):
     return store, build_method(config.method, config.overrides), dataset, resolved
 
 
-def score(question: Question, trace: Trace) -> QuestionResult:
-    """A trace scored against its question's gold answers and supporting passages."""
+def score(question: Question, trace: Trace, sample: int = 0) -> QuestionResult:
+    """A trace (sample `sample` of the question's answers) scored against its question's gold answers
+    and supporting passages."""
     rounds = trace.retrieval_rounds()
     supporting = question.supporting_ids
     first = [h.passage.id for h in rounds[0]] if rounds else []
@@ -174,17 +219,20 @@ def score(question: Question, trace: Trace) -> QuestionResult:
     recall_first = support_recall(first, supporting)
     if trace.error is not None:
         return QuestionResult(question.id, question.answers, "", ZERO, recall_all, recall_first, trace,
-                              trace.error)
+                              trace.error, sample)
     return QuestionResult(question.id, question.answers, trace.answer or "",
-                          score_answer(trace.answer or "", question.answers), recall_all, recall_first, trace)
+                          score_answer(trace.answer or "", question.answers), recall_all, recall_first, trace,
+                          sample=sample)
 
 
-def evaluate(config: EvalConfig, *, progress: bool = True, llm=None, retriever=None,
+def evaluate(config: EvalConfig, *, progress: bool = True, llm=None, retriever=None, judge_llm=None,
              on_result: Callable[[QuestionResult], None] | None = None) -> tuple[RunStore, list[QuestionResult]]:
     """Run (or resume) the evaluation `config` describes; returns the store and every question's
     newest result in dataset order (with `config.shard`, its slice's). `llm` / `retriever` replace the
-    built ones (tests, shared services). The run folder is locked for the whole session: one writer
-    per run, or per shard of a sharded run."""
+    built ones (tests, shared services), `judge_llm` the model `config.judge_llm` names (and, given,
+    turns the answer judge on). With `config.samples.k` > 1 each question is answered k times, each
+    answer resumable on its own; the results returned are sample 0's (`RunStore.load_samples` has all).
+    The run folder is locked for the whole session: one writer per run, or per shard of a sharded run."""
     store, method, dataset, resolved = prepare(config)
     if dataset.unmapped_support:
         print(f"{dataset.name}: {dataset.unmapped_support} supporting paragraphs have no passage in the pool "
@@ -206,21 +254,36 @@ def evaluate(config: EvalConfig, *, progress: bool = True, llm=None, retriever=N
                 store.write_json("settings.json", resolved)
                 store.write_json("questions.json", ids)
             store.check_layout()
-        latest = store.load_results(repair=True)
-        retry = {i for i, r in latest.items() if r.failed and (config.retry_failed or r.retryable)}
-        done = {i: r for i, r in latest.items() if i not in retry}
+        latest = store.load_samples(repair=True)  # by (question id, sample): sample 0 only unless sampled
+        k = config.samples.k
+        latest = {key: r for key, r in latest.items() if key[1] < k}  # a run that once had more samples
+        retry = {key for key, r in latest.items() if r.failed and (config.retry_failed or r.retryable)}
+        done = {key: r for key, r in latest.items() if key not in retry}
         mine = config.shard.take(dataset.questions) if config.shard else dataset.questions
-        todo = [q for q in mine if q.id not in done]
+        todo = [(q, i) for q in mine for i in range(k) if (q.id, i) not in done]
         if todo:
             _session(config, store, method, dataset, resolved, todo, done, len(retry), holder,
                      progress, llm, retriever, on_result)
+        if config.judge_llm is not None or judge_llm is not None:
+            from metarag.evaluate.answer_judge import judge_answers
+
+            answers = store.load_samples()
+            mine_ids = {q.id: n for n, q in enumerate(mine)}
+            judged = sorted((r for (q, i), r in answers.items() if q in mine_ids and i < k),
+                            key=lambda r: (mine_ids[r.question_id], r.sample))
+            path = judge_answers(store.path, judged, judge_llm if judge_llm is not None else config.judge_llm,
+                                 config.answer_judge, workers=config.workers)
+            if progress:
+                print(f"answer judge: {path}", file=sys.stderr)
         results = store.load_results()
     return store, [results[i] for i in ids if i in results]
 
 
-def _session(config: EvalConfig, store: RunStore, method: Method, dataset, resolved: dict, todo: list[Question],
-             done: dict, retrying: int, holder: dict, progress: bool, llm, retriever, on_result) -> None:
-    """Build what is not given, check the back-ends, run `todo`, and record the session in the manifest."""
+def _session(config: EvalConfig, store: RunStore, method: Method, dataset, resolved: dict,
+             todo: list[tuple[Question, int]], done: dict, retrying: int, holder: dict, progress: bool, llm,
+             retriever, on_result) -> None:
+    """Build what is not given, check the back-ends, run `todo` (questions with the sample each answer
+    is), and record the session in the manifest."""
     llm = llm if llm is not None else make_llm(config.llm)
     check_backend(llm, "LLM")
     check_needs(method, llm)
@@ -240,22 +303,29 @@ def _session(config: EvalConfig, store: RunStore, method: Method, dataset, resol
     manifest["unmapped_support"] = dataset.unmapped_support
     total = len(store.shard.take(dataset.questions)) if store.shard else len(dataset.questions)
     of_shard = f" of shard {store.shard.label}" if store.shard else ""
+    k = config.samples.k
+    total *= k
     if done or retrying:
         again = f", retrying {retrying} failed" if retrying else ""
-        print(f"resuming {store.path}: {len(done)} of {total} questions{of_shard} done{again}", file=sys.stderr)
+        what = f"answers ({k} per question)" if k > 1 else "questions"
+        print(f"resuming {store.path}: {len(done)} of {total} {what}{of_shard} done{again}", file=sys.stderr)
     session = {"started": _now(), "questions_todo": len(todo), "retrying": retrying, "argv": sys.argv,
                "pid": holder["pid"], "host": holder["host"]}
+    if k > 1:
+        session["samples"] = k
     if store.shard:
         session["shard"] = store.shard.label
     place = _save_session(store, resolved, manifest, session)
     runtime = Runtime(llm, retriever, reranker=reranker, rerank_depth=config.rerank_depth,
-                      workers=config.workers if config.batch > 1 else 1)
+                      workers=config.workers if config.batch > 1 else 1, sampling=config.samples.sampling())
+    seeds = ([sample_seed(config.dataset.seed, q.id, i) for q, i in todo] if runtime.sampling is not None
+             else None)
     named = getattr(method, "named_models", None)  # models a method's settings name (EvoCtx's decision_llm)
     for spec in named() if named is not None else ():
         check_backend(runtime.llm_for(spec), f"model {spec}")
     try:
         _run_questions(method, todo, runtime, store, config.workers, done, total, progress,
-                       on_result, config.max_consecutive_failures, config.batch)
+                       on_result, config.max_consecutive_failures, config.batch, seeds)
         session["outcome"] = "finished"
     except BaseException as exc:
         session["outcome"] = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
@@ -294,9 +364,10 @@ class _Stopped(Exception):
     """Raised out of `run_many` by the harness when consecutive failures stop a batched run."""
 
 
-def _run_questions(method: Method, todo: list[Question], runtime: Runtime, store: RunStore, workers: int,
-                   done: dict, total: int, progress: bool, on_result, max_consecutive_failures: int,
-                   batch: int = 1) -> None:
+def _run_questions(method: Method, todo: list[tuple[Question, int]], runtime: Runtime, store: RunStore,
+                   workers: int, done: dict, total: int, progress: bool, on_result, max_consecutive_failures: int,
+                   batch: int = 1, seeds: list[int] | None = None) -> None:
+    """Run and write each (question, sample) of `todo`; `seeds`: the rollout seed of each, for a sampled run."""
     from tqdm import tqdm
 
     bar = tqdm(total=total, initial=len(done), disable=not progress, unit="q", dynamic_ncols=True)
@@ -350,28 +421,30 @@ def _run_questions(method: Method, todo: list[Question], runtime: Runtime, store
             if batch > 1:
                 def settled(i: int, trace: Trace) -> None:
                     nonlocal written
-                    finish(score(todo[i], trace))
+                    finish(score(todo[i][0], trace, todo[i][1]))
                     written += 1
                     if stop():
                         raise _Stopped  # the questions in flight are not written: a re-run does them
 
                 with contextlib.suppress(_Stopped):
-                    run_many(method, todo, runtime, window=batch, on_trace=settled)
+                    run_many(method, [q for q, _ in todo], runtime, seeds=seeds, window=batch, on_trace=settled)
             elif workers == 1:
-                for question in todo:
-                    finish(score(question, run(method, question, runtime)))
+                for n, (question, sample) in enumerate(todo):
+                    seed = None if seeds is None else seeds[n]
+                    finish(score(question, run(method, question, runtime, seed=seed), sample))
                     written += 1
                     if stop():
                         break
             else:
                 with ThreadPoolExecutor(workers) as pool:
-                    pending = {pool.submit(run, method, q, runtime): q for q in todo}
+                    pending = {pool.submit(run, method, q, runtime, seed=None if seeds is None else seeds[n]):
+                               (q, sample) for n, (q, sample) in enumerate(todo)}
                     try:
                         while pending:
                             finished, _ = wait(pending, return_when=FIRST_COMPLETED)
                             for future in finished:
                                 if not future.cancelled():
-                                    finish(score(pending[future], future.result()))
+                                    finish(score(pending[future][0], future.result(), pending[future][1]))
                                     written += 1
                                 del pending[future]
                             if stop():  # questions already running finish and are written; no new one starts

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import io
+import math
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -38,6 +39,7 @@ class LoadedRun:
     question_ids: tuple[str, ...]
     results: tuple[QuestionResult, ...]
     missing_shards: tuple[str, ...] = ()
+    samples: tuple[QuestionResult, ...] = ()  # a sampled run's every (question, sample), else empty
 
     @property
     def complete(self) -> bool:
@@ -49,9 +51,13 @@ def load_run(path: str | Path) -> LoadedRun:
     settings = store.read_json("settings.json")
     ids = tuple(store.read_json("questions.json"))
     manifest = store.read_json("manifest.json") if store.manifest_path.exists() else {}
-    by_id = store.load_results()
+    by_sample = store.load_samples()
+    by_id = {q: r for (q, sample), r in by_sample.items() if sample == 0}
+    order = {q: n for n, q in enumerate(ids)}
+    sampled = () if all(sample == 0 for _, sample in by_sample) else tuple(
+        r for _, r in sorted(((order[q], i), r) for (q, i), r in by_sample.items() if q in order))
     return LoadedRun(store.path.name, store.path, settings, manifest, ids,
-                     tuple(by_id[i] for i in ids if i in by_id), tuple(store.missing_shards(ids, by_id)))
+                     tuple(by_id[i] for i in ids if i in by_id), tuple(store.missing_shards(ids, by_id)), sampled)
 
 
 def summarize(run: LoadedRun, prices: dict[str, Price] | None = None) -> dict:
@@ -128,7 +134,65 @@ def summarize(run: LoadedRun, prices: dict[str, Price] | None = None) -> dict:
         # each method setting, so `--columns set:threshold` tells apart runs of one method
         **{f"set:{key}": value for key, value in (run.settings.get("method_settings") or {}).items()
            if isinstance(value, (str, int, float, bool))},
+        **judged_columns(run),
+        **sample_columns(run),
     }
+
+
+# Shown after the default columns when a run has them: the LLM judge's accuracy and its agreement with
+# EM and cover-EM (Acc), and a sampled run's avg@k / pass@k (`eval --judge-llm`, `eval --samples k`).
+JUDGE_COLUMNS = ("judge acc", "judge~EM", "kappa EM", "judge~Acc", "kappa Acc")
+SAMPLE_COLUMNS = ("k", "avg@k EM", "pass@k EM", "avg@k judge", "pass@k judge")
+
+
+def judged_columns(run: LoadedRun) -> dict:
+    """The newest answer judge's accuracy (percent of every question's answer), its agreement with EM and
+    cover-EM (percent) and Cohen's kappa, over the run's answers (sample 0's of a sampled run); {} when
+    no judge has judged the run. `report` prints every judge of a run below the table."""
+    from metarag.evaluate.answer_judge import judge_files, summarize_judge
+
+    files = judge_files(run.path)
+    if not files:
+        return {}
+    s = summarize_judge(files[-1], run.results)
+
+    def known(value: float, scale: float = 1.0) -> float | None:  # NaN (nothing judged, kappa undefined): "–"
+        return None if math.isnan(value) else scale * value
+
+    return {"judge": s.judge_model, "judge acc": known(s.accuracy, 100), "judge~EM": known(s.agree_em, 100),
+            "kappa EM": known(s.kappa_em), "judge~Acc": known(s.agree_acc, 100), "kappa Acc": known(s.kappa_acc)}
+
+
+def sample_columns(run: LoadedRun) -> dict:
+    """A sampled run's avg@k and pass@k (percent) of EM, and of the newest answer judge's verdicts when it
+    judged them: per question, avg@k the share of its n samples right, pass@k the unbiased estimator
+    (`stats.pass_at_k`; with n = k, whether any sample is right), k the fewest samples any question has;
+    averaged over questions. {} for a run of one answer per question."""
+    if not run.samples:
+        return {}
+    from metarag.evaluate.answer_judge import judge_files, verdicts_for
+    from metarag.evaluate.stats import pass_at_k
+
+    by_question: dict[str, list[int]] = {}
+    for n, r in enumerate(run.samples):
+        by_question.setdefault(r.question_id, []).append(n)
+    k = min(len(v) for v in by_question.values())
+    files = judge_files(run.path)
+    judged = verdicts_for(files[-1], run.samples) if files else None
+
+    def at_k(right: list[bool]) -> tuple[float, float]:
+        avg = pass_ = 0.0
+        for members in by_question.values():
+            c = sum(right[n] for n in members)
+            avg += c / len(members)
+            pass_ += pass_at_k(len(members), c, k)
+        return 100 * avg / len(by_question), 100 * pass_ / len(by_question)
+
+    row: dict = {"k": k}
+    row["avg@k EM"], row["pass@k EM"] = at_k([bool(r.scores.em) for r in run.samples])
+    if judged is not None:
+        row["avg@k judge"], row["pass@k judge"] = at_k([v is True for v in judged])
+    return row
 
 
 def method_label(settings: dict) -> str | None:
@@ -248,8 +312,9 @@ def report_table(runs: Sequence[LoadedRun], *, baseline: int | None = 0, tests: 
                 for test in tests:
                     row[f"p {column} ({test})"] = significance(base, run, metric, test).p_value
                 row[f"{column}*"] = significance_mark(row[f"p {column} ({tests[0]})"])
-    columns = list(COLUMNS if columns is None else columns) + sorted(
-        {k for row in rows for k in row if k.startswith("p ")})
+    if columns is None:
+        columns = list(COLUMNS) + [c for c in JUDGE_COLUMNS + SAMPLE_COLUMNS if any(c in row for row in rows)]
+    columns = list(columns) + sorted({k for row in rows for k in row if k.startswith("p ")})
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for row in rows:
         cells = []

@@ -24,7 +24,7 @@ import re
 import socket
 import sys
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +38,8 @@ class QuestionResult:
     """One question's outcome: its trace, the scores of its answer and of its retrieval.
 
     A question whose method failed has `error` set and scores 0 everywhere: it stays in the
-    denominator."""
+    denominator. `sample`: which of a sampled run's k answers to the question (`eval --samples k`),
+    0 in a run of one answer per question (and then not written)."""
 
     question_id: str
     golds: tuple[str, ...]
@@ -48,6 +49,7 @@ class QuestionResult:
     first_support_recall: float | None
     trace: Trace
     error: str | None = None
+    sample: int = field(default=0, metadata={"omit_default": True})
 
     @property
     def failed(self) -> bool:
@@ -209,8 +211,12 @@ class RunStore:
 
     def load_results(self, *, repair: bool = False) -> dict[str, QuestionResult]:
         """The newest result of each question, by question id (a retry's line replaces the failure
-        before it)."""
-        return {r.question_id: r for r in self.load_attempts(repair=repair)}
+        before it); of a sampled run, of its sample 0 (`load_samples` has them all)."""
+        return {r.question_id: r for r in self.load_attempts(repair=repair) if r.sample == 0}
+
+    def load_samples(self, *, repair: bool = False) -> dict[tuple[str, int], QuestionResult]:
+        """The newest result of each (question id, sample) of a sampled run (`eval --samples k`)."""
+        return {(r.question_id, r.sample): r for r in self.load_attempts(repair=repair)}
 
     @contextlib.contextmanager
     def folder_lock(self) -> Iterator[None]:

@@ -166,3 +166,30 @@ def mean_shift(earlier: Sequence[float], later: Sequence[float], n_resamples: in
     tail = (1.0 - level) / 2
     low, high = np.quantile(draws, [tail, 1.0 - tail])
     return Shift(float(b.mean() - a.mean()), float(low), float(high), level)
+
+
+def cohen_kappa(a: Sequence[float], b: Sequence[float]) -> float:
+    """Cohen's kappa of two raters' binary calls on the same items (1 = right): (p_o - p_e) / (1 - p_e),
+    p_o their agreement, p_e the agreement expected from each one's share of 1s. NaN when undefined:
+    no items, or both raters make one call throughout (p_e = 1)."""
+    if len(a) != len(b):
+        raise ValueError(f"kappa needs paired calls, got {len(a)} and {len(b)}")
+    n = len(a)
+    if n == 0:
+        return math.nan
+    x, y = [bool(v) for v in a], [bool(v) for v in b]
+    observed = sum(p == q for p, q in zip(x, y)) / n
+    share_x, share_y = sum(x) / n, sum(y) / n
+    expected = share_x * share_y + (1 - share_x) * (1 - share_y)
+    return math.nan if expected >= 1 else (observed - expected) / (1 - expected)
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """The unbiased pass@k of one question from n samples, c of them right (Chen et al., 2021, the
+    Codex paper, §2.1): 1 - C(n-c, k) / C(n, k), the chance that k of the n drawn without replacement
+    hold a right one; with k = n, 1 if any is right."""
+    if not 0 <= c <= n or not 1 <= k <= n:
+        raise ValueError(f"pass@k needs 0 <= c <= n and 1 <= k <= n, got n={n}, c={c}, k={k}")
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)

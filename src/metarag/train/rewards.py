@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import math
 import re
+import string
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -312,10 +314,42 @@ def r1_searcher_format(solution: str) -> dict[str, bool]:
 
 
 def _answer_f1(trace: Trace, golds: Sequence[str]) -> float:
-    """The F1 of the trace's answer, the best over the gold aliases; 0 without an answer. For
-    `r1-searcher` the answer is the text after the last `<answer>` of a reply that stopped at
-    `</answer>` (or the forced one), as R1-Searcher's servers extract it."""
+    """The F1 of the trace's answer, the best over the gold aliases (SQuAD's normalization, as
+    AutoRefine's `compute_f1_scores`); 0 without an answer."""
     return token_f1(trace.answer, golds) if trace.answer else 0.0
+
+
+_R1_PUNCTUATION = re.compile("[" + re.escape(string.punctuation + "‘’´`") + "]")
+_R1_ARTICLES = re.compile(r"\b(a|an|the)\b")
+
+
+def r1_normalize(text: str) -> str:
+    """An answer as R1-Searcher's reward servers normalize it (`normalize_answer`, `bool_mapping`):
+    "True" / "False" read as yes / no, underscores and punctuation (typographic quotes too) made
+    spaces — not dropped, as SQuAD's —, lowercased, articles dropped, whitespace collapsed."""
+    text = {"True": "yes", "False": "no"}.get(text, text).replace("_", " ").lower()
+    return " ".join(_R1_ARTICLES.sub(" ", _R1_PUNCTUATION.sub(" ", text)).split())
+
+
+def r1_answer_f1(answer: str | None, golds: Sequence[str]) -> float:
+    """R1-Searcher's answer reward: token F1 on `r1_normalize`d text, 0 when one side is yes / no /
+    noanswer and the other differs; the best over the gold aliases (its servers score one gold);
+    0 without an answer. For `r1-searcher` the answer is the text after the last `<answer>` of a
+    reply that stopped at `</answer>` (or the forced one), as the servers extract it."""
+    if not answer:
+        return 0.0
+    prediction = r1_normalize(answer).split()
+    best = 0.0
+    for gold in golds:
+        truth = r1_normalize(gold).split()
+        special = {"yes", "no", "noanswer"}
+        if (" ".join(prediction) in special or " ".join(truth) in special) and prediction != truth:
+            continue
+        same = sum((Counter(prediction) & Counter(truth)).values())
+        if same:
+            precision, recall = same / len(prediction), same / len(truth)
+            best = max(best, 2 * precision * recall / (precision + recall))
+    return best
 
 
 def _check_golds(golds: Sequence[str]) -> None:
@@ -334,19 +368,17 @@ def r1_searcher_stage1_reward(trace: Trace, golds: Sequence[str],
     solution, steps = r1_solution(trace), agent_steps(trace)
     checks = r1_searcher_format(solution)
     total = 0.5 * checks["retrieval"] + 0.5 * checks["tags"]
-    return Reward(total, _answer_f1(trace, golds), **_counts(steps), retrieval=float(checks["retrieval"]))
+    return Reward(total, r1_answer_f1(trace.answer, golds), **_counts(steps), retrieval=float(checks["retrieval"]))
 
 
 def r1_searcher_reward(trace: Trace, golds: Sequence[str], settings: RewardSettings = RewardSettings()) -> Reward:
     """R1-Searcher's stage 2 (Song et al., 2025, §2.2): learn to answer. R = F1(answer, gold) − P, P =
     `r1_format_penalty` (2) when the solution breaks the format (`r1_searcher_format`: unmatched
-    marker blocks, wrong tags, or the Qwen server's further checks), else 0. F1 is taken on SQuAD's
-    normalization (the servers replace punctuation by a space instead of dropping it), the best over
-    the gold aliases."""
+    marker blocks, wrong tags, or the Qwen server's further checks), else 0 (F1: `r1_answer_f1`)."""
     _check_golds(golds)
     solution, steps = r1_solution(trace), agent_steps(trace)
     checks = r1_searcher_format(solution)
-    outcome = _answer_f1(trace, golds)
+    outcome = r1_answer_f1(trace.answer, golds)
     penalty = 0.0 if checks["blocks"] and checks["tags"] and checks["clean"] else settings.r1_format_penalty
     return Reward(outcome - penalty, outcome, penalty=penalty, **_counts(steps))
 
