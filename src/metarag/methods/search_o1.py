@@ -248,8 +248,7 @@ def format_pages(hits: Sequence[Hit], max_chars: int) -> str:
 
 # -------------------------------------------------------------------------------------- method
 class SearchO1:
-    """Search-o1: one growing reasoning chain; each search's documents condensed by
-    Reason-in-Documents before the chain reads them."""
+    """Search-o1: one growing reasoning chain that reads each search's documents condensed first."""
 
     name = "search-o1"
     revision = 1
