@@ -187,9 +187,10 @@ def build_parser() -> argparse.ArgumentParser:
     tr.set_defaults(handler=cmd_train_router)
 
     ta = sub.add_parser("train-agent", help="train the search agent with GRPO (TRL) on training questions",
-                        description="GRPO on TRL's GRPOTrainer: the agent's own policy (search-r1 or belief-agent) "
-                                    "run through the shared runner on the live model as rollouts (G per question, "
-                                    "sampled, the belief probe at every step), the reward read from each trace. "
+                        description="GRPO on TRL's GRPOTrainer: the agent's own policy (search-r1, belief-agent, "
+                                    "r1-searcher or autorefine) run through the shared runner on the live model as "
+                                    "rollouts (G per question, sampled, the belief probe at every step of search-r1 "
+                                    "and belief-agent), the reward read from each trace. "
                                     "Paper settings by default (lr 1e-6, KL 0.001, G 5, 4 turns, 512 response "
                                     "tokens, 4,096 prompt tokens, top-3). Training splits only. Checkpoints: "
                                     "OUT/trainer/checkpoint-N/merged, for metarag eval --llm hf:PATH; a re-run "
@@ -203,10 +204,12 @@ def build_parser() -> argparse.ArgumentParser:
     ta.add_argument("--limit", type=positive_int, default=None, help="a seeded sample of N training questions")
     ta.add_argument("--seed", type=int, default=0, help="sampling, rollout and trainer seed (default 0)")
     ta.add_argument("--out", metavar="DIR", help="where checkpoints, the log and the manifest go")
-    ta.add_argument("--method", default="belief-agent", help="the agent: belief-agent (default) or search-r1")
+    ta.add_argument("--method", default="belief-agent", help="the agent: belief-agent (default), search-r1, "
+                    "r1-searcher or autorefine")
     ta.add_argument("--reward", default="belief", help="the reward (train/rewards.py): belief (default), search-r1, "
                     "belief-over-only, belief-under-only, belief-ungated, beta-grpo, hiprag (HiPRAG's process "
-                    "reward: LLM judges mark over- and under-search steps)")
+                    "reward: LLM judges mark over- and under-search steps), r1-searcher-stage1 and r1-searcher "
+                    "(R1-Searcher's two stages), autorefine (answer F1, or 0.1 for a refine that holds the gold)")
     ta.add_argument("--recipe", default="paper", help="a named preset of the settings below: paper (default: the "
                     "paper's), cpu (a step the 2-core CPU can afford: 3 turns, 128 tokens, top-2, KL 0, no "
                     "checkpointing, bf16 autocast, LoRA at 1e-5; train/agent.py RECIPES says why); --set overrides it")
