@@ -13,7 +13,7 @@ DEMO_Q2 := Are Christopher Nolan and Sathish Kalathil both film directors?
 
 EXTRAS := embedded,server,eval,hf,view,browser,train,dev
 
-.PHONY: demo test lint install doctor clean
+.PHONY: demo test test-fast lint install doctor clean
 
 # llama-cpp-python comes from a wheel built on this machine with AMX kernels left out (they crash
 # on our Q4_K_M GGUF), kept under $METARAG_HOME/wheels by build identity; never from pip's wheel
@@ -44,6 +44,12 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
+
+# The suite without the tests that load a real model (the embedded GGUFs, transformers on their weights,
+# MiniLM, a llama.cpp server), drive a browser, or launch several training processes (markers in
+# pyproject.toml): scripted models and tiny ones only, about 2 minutes (README: as measured).
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not real_model and not browser and not slow"
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks

@@ -38,6 +38,14 @@ CORPUS = [
 ]
 
 
+def pytest_collection_modifyitems(config, items):
+    """An embedded-model or server test loads a real model: mark it `real_model`, so that `make test-fast`
+    (-m "not real_model and not browser") leaves it out without a second marker on each."""
+    for item in items:
+        if item.get_closest_marker("embedded") or item.get_closest_marker("server"):
+            item.add_marker(pytest.mark.real_model)
+
+
 def pytest_addoption(parser):
     parser.addoption("--screenshot-dir", default=None,
                      help="also save the viewer's browser-test screenshots here (tests/test_view_browser.py)")

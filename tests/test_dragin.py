@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from conftest import CORPUS
 from test_evoctx import check_golden
+from timing import growth, superlinear
 
 from metarag.errors import ConfigError
 from metarag.llm.base import Decoding, Internals
@@ -202,14 +203,10 @@ def test_sentence_spans(text, sentences):
 
 @pytest.mark.parametrize("piece", ["Dr. ", "1. ", "J. ", ". ", "\n", "a.", "x" * 40 + ". "])
 def test_sentence_spans_take_linear_time(piece):
-    import time
-
-    text = piece * (120_000 // len(piece))
-    start = time.perf_counter()
-    sentence_spans(text)
-    # linear: well under a second on 120 KB of each ("Dr. " repeated: every period skipped, one sentence)
-    # a quadratic rule takes minutes here; 10 s leaves room for a machine whose cores are busy elsewhere
-    assert time.perf_counter() - start < 10.0
+    # 12 KB and 120 KB of each ("Dr. " repeated: every period skipped, one sentence); a quadratic rule
+    # takes minutes on the larger one
+    small, large = growth(sentence_spans, piece * (12_000 // len(piece)), piece * (120_000 // len(piece)))
+    assert not superlinear(small, large), f"{small:.4f} s on 12 KB, {large} s on 120 KB"
 
 
 # ------------------------------------------------------------------------ transformers (tiny model)

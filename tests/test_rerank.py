@@ -241,6 +241,7 @@ def test_cross_encoder_refuses_a_folder_that_is_not_a_model(tmp_path):
         check_cross_encoder_folder(str(tmp_path))
 
 
+@pytest.mark.real_model
 @pytest.mark.skipif(not HAS_MINILM, reason="needs the packaged MiniLM encoder")
 def test_cross_encoder_refuses_a_bi_encoder_folder():
     from metarag.retrieve.dense import DenseSettings, encoder_path

