@@ -1,6 +1,7 @@
 """metarag: metacognitive and adaptive retrieval-augmented generation for multi-hop QA.
 
-The few names a user needs: `run` a method on a dataset (a `Run`: its results and report table),
+The few names a user needs: `run` a method on a dataset (a `Run`: its results and report table), a
+table from an experiment file (`load_experiment`, `run_experiment`),
 write a method (`Method`, a policy yielding the actions `Search`, `Ask`, `Probe`, `Assess`, `Note`,
 `Clip` over `Question`s, `Message`s and `Decoding`s) and `register_method` it. Importing the
 package pulls the standard library and numpy only: each name is imported when first used, every model
@@ -13,6 +14,7 @@ __version__ = "0.1.0"
 # public name -> the module it lives in (imported on first access: `import metarag` stays light)
 _LAZY = {
     "run": "metarag.api", "Run": "metarag.api",
+    "load_experiment": "metarag.evaluate.experiment", "run_experiment": "metarag.evaluate.experiment",
     "register_method": "metarag.methods.registry",
     "Method": "metarag.methods.runner", "Policy": "metarag.methods.runner",
     "Search": "metarag.policy.actions", "Ask": "metarag.policy.actions", "Probe": "metarag.policy.actions",

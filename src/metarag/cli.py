@@ -238,6 +238,29 @@ def build_parser() -> argparse.ArgumentParser:
     add_llm_args(ta)
     ta.set_defaults(handler=cmd_train_agent, llm="hf-0.5b")
 
+    ex = sub.add_parser("experiment", help="run a table from an experiment file (rows x datasets), then its reports",
+                        description="Every row of the file (a method and its settings) on each of its datasets, "
+                                    "each an ordinary eval run (resumable, the same run id as the same eval "
+                                    "command), then one report per dataset against the file's reference row, "
+                                    "its rows also written to RUNS/<name>-<dataset>.csv. experiments/ holds the "
+                                    "papers' tables.")
+    ex.add_argument("file", metavar="FILE", help="an experiment file (TOML; see experiments/)")
+    ex.add_argument("--rows", nargs="+", default=(), metavar="ROW",
+                    help='run only these rows ("method" or "method:key=value,..."; one the file lacks runs as an '
+                         "extra row); the report still takes every row that has a run folder")
+    ex.add_argument("--datasets", nargs="+", default=(), metavar="DATASET", help="only these datasets")
+    ex.add_argument("--limit", type=int, default=None, help="questions per dataset (default: the file's)")
+    ex.add_argument("--llm", default=None, metavar="SPEC", help="the model (default: the file's)")
+    ex.add_argument("--prefix-chunk", type=int, default=None, metavar="C",
+                    help="the model's --prefix-chunk on every dataset (default: the file's)")
+    ex.add_argument("--runs-dir", default=None, metavar="DIR", help="where the run folders go (default: $METARAG_RUNS, "
+                                                                    "else ./runs)")
+    ex.add_argument("--report-only", action="store_true", help="run nothing; report the rows that have run folders")
+    ex.add_argument("--no-cache", "--no-response-cache", dest="no_cache", action="store_true",
+                    help="the runs neither read nor write the persistent response cache")
+    ex.add_argument("--quiet", action="store_true", help="no progress bars")
+    ex.set_defaults(handler=cmd_experiment)
+
     me = sub.add_parser("methods", help="list the methods (ours, installed packages', registered), or one's settings",
                         description="Every method with the first line of its docstring (its paper); with a name, "
                                     "each setting's type, default and range or choices, and the settings' docstring "
@@ -524,7 +547,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     from metarag.evaluate.cost import load_price_table
-    from metarag.evaluate.report import breakdown, by_type, load_run, plot_runs, report_table, write_csv
+    from metarag.evaluate.report import format_report, load_run, plot_runs, write_csv
     from metarag.paths import check_folder
 
     if args.analysis_plots and args.analysis != "evoctx":
@@ -552,25 +575,9 @@ def cmd_report(args: argparse.Namespace) -> int:
         baseline = names.index(str(base.path))
     prices = load_price_table(args.prices) if args.prices else None
     columns = [c.strip() for c in args.columns.split(",") if c.strip()] if args.columns else None
-    table, rows = report_table(runs, baseline=baseline, tests=tuple(args.test or ("t-test",)), prices=prices,
-                               columns=columns)
-    print(table)
-    if len(runs) > 1:
-        tests = args.test or ["t-test"]
-        print(f"\n* p < 0.05 against {runs[baseline].name} (paired {tests[0]} on per-question EM / F1; "
-              f"p-value columns for {', '.join(tests)})")
-    from metarag.evaluate.answer_judge import format_answer_judges
-
-    if judges := format_answer_judges(runs):
-        print()
-        print(judges)
-    if args.breakdown:
-        for run in runs:
-            print()
-            print(breakdown(run))
-    if args.by_type:
-        print()
-        print(by_type(runs))
+    text, rows = format_report(runs, baseline=baseline, tests=args.test or ("t-test",), prices=prices,
+                               columns=columns, breakdowns=args.breakdown, types=args.by_type)
+    print(text)
     if args.csv:
         write_csv(rows, args.csv)
         print(f"csv: {args.csv}")
@@ -756,6 +763,21 @@ def cmd_calibrate_judges(args: argparse.Namespace) -> int:
     if args.out:
         Path(args.out).write_text(json.dumps({c.setting: c.threshold for c in results}, indent=1) + "\n")
     return 0
+
+
+def cmd_experiment(args: argparse.Namespace) -> int:
+    from metarag.evaluate.experiment import load_experiment, run_experiment, with_overrides
+    from metarag.evaluate.harness import runs_dir_default
+    from metarag.paths import check_folder
+
+    experiment = with_overrides(load_experiment(args.file), limit=args.limit, prefix_chunk=args.prefix_chunk)
+    runs_dir = check_folder(args.runs_dir or runs_dir_default(),
+                            "--runs-dir" if args.runs_dir else "the runs folder ($METARAG_RUNS, else ./runs)")
+    reports = run_experiment(experiment, runs_dir, rows=args.rows, datasets=args.datasets,
+                             report_only=args.report_only, llm=args.llm, response_cache=not args.no_cache,
+                             progress=not args.quiet)
+    print("\n\n".join(reports))
+    return 0 if reports else 1
 
 
 def cmd_methods(args: argparse.Namespace) -> int:

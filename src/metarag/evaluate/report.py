@@ -351,6 +351,28 @@ DEGENERATE_SHARE = 0.95
 DEGENERATE_NOTE = "degenerate: one verdict >= 95 %"
 
 
+def format_report(runs: Sequence[LoadedRun], *, baseline: int | None = 0, tests: Sequence[str] = ("t-test",),
+                  prices: dict[str, Price] | None = None, columns: Sequence[str] | None = None, breakdowns: bool = False,
+                  types: bool = False) -> tuple[str, list[dict]]:
+    """What `metarag report` prints for `runs` (and `metarag experiment` for each dataset): the table,
+    the line naming the reference of its paired tests, the answer judge's table where a run has one,
+    each run's breakdown (`breakdowns`) and the by-question-type table (`types`); and the table's rows."""
+    from metarag.evaluate.answer_judge import format_answer_judges
+
+    table, rows = report_table(runs, baseline=baseline, tests=tuple(tests), prices=prices, columns=columns)
+    parts = [table]
+    if len(runs) > 1 and baseline is not None:
+        parts.append(f"\n* p < 0.05 against {runs[baseline].name} (paired {tests[0]} on per-question EM / F1; "
+                     f"p-value columns for {', '.join(tests)})")
+    if judges := format_answer_judges(runs):
+        parts.append("\n" + judges)
+    if breakdowns:
+        parts += ["\n" + breakdown(run) for run in runs]
+    if types:
+        parts.append("\n" + by_type(runs))
+    return "\n".join(parts), rows
+
+
 def breakdown(run: LoadedRun) -> str:
     """Counts and shares of every judge's verdicts and every decision's choices (study Table 2)."""
     counts: Counter[tuple[str, str, str]] = Counter()

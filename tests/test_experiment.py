@@ -1,0 +1,138 @@
+"""Experiment files (`metarag experiment FILE`): every row of a paper's table on the same questions,
+then one report per dataset against the reference row — here against a fake OpenAI-compatible server
+(no model) — with the same run ids as the equivalent `metarag eval` commands, so that kept run folders
+resume."""
+import json
+from pathlib import Path
+
+import pytest
+from fake_openai import FakeOpenAIServer
+
+from metarag.cli import build_parser, eval_config_from_args, main
+from metarag.errors import ConfigError
+from metarag.evaluate.experiment import Row, eval_config, experiment_from_dict, load_experiment, with_overrides
+from metarag.evaluate.harness import prepare
+
+EXPERIMENTS = Path(__file__).parents[1] / "experiments"
+
+
+def run(tmp_path, url, file, *args):
+    return main(["experiment", str(file), "--runs-dir", str(tmp_path / "runs"), "--limit", "2", "--quiet",
+                 "--llm", f"openai:fake@{url}", *args])
+
+
+@pytest.fixture
+def server():
+    with FakeOpenAIServer(0, answer="Paris") as fake:
+        yield fake
+
+
+def test_rows_run_on_the_same_questions_and_are_reported_against_the_reference(tmp_path, server, capsys):
+    rows = ["standard-rag", "metarag:similarity=token-f1,max_iter=1"]
+    assert run(tmp_path, server.url, EXPERIMENTS / "study.toml", "--datasets", "demo", "--rows", *rows) == 0
+    out = capsys.readouterr().out
+    assert "## study table on demo (limit 2, seed 0)" in out
+    table = [line.split(" | ")[0] for line in out.splitlines() if line.startswith("| ") and " demo | 2 |" in line]
+    assert table == ["| standard-rag", "| metarag"]  # the file's order
+    assert "against metarag-demo-openai-" in out
+    assert "### metarag-demo-openai-" in out  # each run's breakdown
+    assert (tmp_path / "runs" / "study-demo.csv").is_file()
+    asked = server.requests
+    assert run(tmp_path, server.url, EXPERIMENTS / "study.toml", "--datasets", "demo", "--rows", *rows) == 0
+    assert server.requests == asked  # resumed: nothing asked again
+    assert capsys.readouterr().out == out
+    (metarag_run,) = (tmp_path / "runs").glob("metarag-demo-*")
+    settings = json.loads((metarag_run / "settings.json").read_text())["method_settings"]
+    assert settings["max_iter"] == 1 and settings["similarity"] == "token-f1"  # the row's settings went in
+
+
+def test_running_one_row_keeps_the_finished_rows_in_the_report_and_csv(tmp_path, server, capsys):
+    assert run(tmp_path, server.url, EXPERIMENTS / "study.toml", "--datasets", "demo", "--rows", "standard-rag") == 0
+    asked = server.requests
+    assert run(tmp_path, server.url, EXPERIMENTS / "study.toml", "--datasets", "demo", "--rows", "closed-book") == 0
+    assert server.requests > asked
+    csv = (tmp_path / "runs" / "study-demo.csv").read_text().splitlines()
+    assert [line.split(",")[0].split("-demo-")[0] for line in csv[1:]] == ["closed-book", "standard-rag"]
+    assert "## study table on demo" in capsys.readouterr().out
+
+
+def test_a_cell_has_the_run_id_of_the_same_eval_command(tmp_path):
+    """Same run folder as `metarag eval ... --set ...`, prefix chunk included."""
+    experiment = experiment_from_dict({
+        "name": "t", "datasets": ["demo"], "limit": 2, "seed": 3, "threads": 1, "prefix_chunk": 32,
+        "rows": [{"method": "ircot", "settings": {"k": 5, "max_steps": 8}}]})
+    args = build_parser().parse_args(["eval", "--method", "ircot", "--dataset", "demo", "--limit", "2", "--seed", "3",
+                                      "--threads", "1", "--prefix-chunk", "32", "--set", "k=5", "--set", "max_steps=8",
+                                      "--runs-dir", str(tmp_path)])
+    cell = eval_config(experiment, experiment.rows[0], "demo", tmp_path)
+    assert prepare(cell)[0].path == prepare(eval_config_from_args(args))[0].path
+
+
+def test_the_kept_table_runs_resume_under_their_experiment_files():
+    """The run folders kept in docs/table-runs are the cells of experiments/*.toml at --limit 30 (the
+    rows whose method has not changed revision since they ran)."""
+    from conftest import SHARED_DATA
+
+    if not (SHARED_DATA / "hotpotqa").is_dir():
+        pytest.skip("needs the shared benchmark data beside the repo")
+    kept = Path(__file__).parents[1] / "docs" / "table-runs"
+    for file, folder, dataset, rows in (
+            ("evoctx.toml", "evoctx-table", "hotpotqa-dev500", ("standard-rag", "iterdrag", "kirag", "evoctx")),
+            ("evoctx.toml", "evoctx-table", "musique-train100", ("standard-rag", "evoctx")),
+            ("agent.toml", "agent-table", "hotpotqa-dev500", ("closed-book", "belief-agent", "belief-agent:probe=true")),
+            ("agent.toml", "agent-table", "bamboogle", ("standard-rag", "belief-agent"))):
+        experiment = with_overrides(load_experiment(EXPERIMENTS / file), limit=30)
+        for label in rows:
+            path = prepare(eval_config(experiment, Row.parse(label), dataset, kept / folder))[0].path
+            assert (path / "results.jsonl").is_file(), (file, label, dataset, path.name)
+
+
+def test_bad_files_are_refused_naming_the_file_and_field(tmp_path):
+    bad = tmp_path / "bad.toml"
+    for text, message in (('name = "x"\ndatasets = ["demo"]\nrows = [{method = "cot"}]\nlimt = 3', "unknown field 'limt'"),
+                          ('name = "x"\ndatasets = ["demo"]', "no 'rows'"),
+                          ('name = "x"\ndatasets = ["demo"]\nlimit = "30"\nrows = [{method = "cot"}]', "limit must be a int"),
+                          ('name = "x"\ndatasets = ["demo"]\nreference = "ircot"\nrows = [{method = "cot"}]',
+                           "reference 'ircot' is none of the rows"),
+                          ('name = "x"\ndatasets = ["demo"]\nrows = [{method = "cot"}, {method = "cot"}]', "row 'cot' twice")):
+        bad.write_text(text)
+        with pytest.raises(ConfigError, match=message) as err:
+            load_experiment(bad)
+        assert str(bad) in str(err.value)
+    bad.write_text("name = [")
+    with pytest.raises(Exception, match="unreadable experiment file"):
+        load_experiment(bad)
+
+
+def test_a_bad_row_is_refused_before_any_question_runs(tmp_path, server, capsys):
+    file = tmp_path / "x.toml"
+    file.write_text('name = "x"\ndatasets = ["demo"]\n[[rows]]\nmethod = "standard-rag"\n'
+                    '[[rows]]\nmethod = "ircot"\nsettings = { k = -1 }\n')
+    assert run(tmp_path, server.url, file) != 0
+    assert "row 'ircot:k=-1': method 'ircot' setting 'k' must be >= 1" in capsys.readouterr().err
+    assert server.requests == 0
+
+
+def test_the_aligned_evoctx_table_runs_the_papers_budget_where_a_method_exposes_it(tmp_path, server):
+    """EvoCtx §4.1 aligns its baselines to T = 8 rounds and k = 5 passages; rows whose own defaults
+    already are that share their run with the evoctx table."""
+    assert run(tmp_path, server.url, EXPERIMENTS / "evoctx-aligned.toml", "--datasets", "demo",
+               "--rows", "ircot:k=5,max_steps=8", "kirag:k=5,T=8") == 0
+    assert run(tmp_path, server.url, EXPERIMENTS / "evoctx.toml", "--datasets", "demo", "--rows", "ircot") == 0
+    runs = {p.name.split("-demo-")[0] + ":" + json.dumps(
+        {k: v for k, v in json.loads((p / "settings.json").read_text())["method_settings"].items()
+         if k in ("k", "T", "max_steps")}, sort_keys=True) for p in (tmp_path / "runs").glob("*-demo-*")}
+    assert runs == {'ircot:{"k": 5, "max_steps": 8}', 'ircot:{"k": 6, "max_steps": 10}', 'kirag:{"T": 8, "k": 5}'}
+    assert (tmp_path / "runs" / "evoctx-aligned-demo.csv").is_file()
+
+
+def test_the_agent_table_retrieves_from_the_wiki_corpus_where_a_benchmark_has_no_paragraphs(tmp_path, monkeypatch):
+    from conftest import SHARED_DATA
+
+    if not (SHARED_DATA / "bamboogle").is_dir():
+        pytest.skip("needs the shared benchmark data beside the repo")
+    monkeypatch.setenv("METARAG_DATA_DIR", str(SHARED_DATA))
+    experiment = load_experiment(EXPERIMENTS / "agent.toml")
+    cell = eval_config(experiment, Row("standard-rag"), "bamboogle", tmp_path)
+    assert cell.dataset.corpus == f"{SHARED_DATA}/wiki_sample/wiki18_sample1000.jsonl"
+    assert eval_config(experiment, Row("standard-rag"), "hotpotqa-dev500", tmp_path).dataset.corpus is None
