@@ -29,3 +29,32 @@ def test_adaptive_rag_rows_name_the_router_that_routed_them():
     assert method_label({"method": "adaptive-rag", "method_settings": {"classifier": "llm", "route": "B"}}) == \
         "adaptive-rag (route B)"
     assert method_label({"method": "ircot", "method_settings": {"k": 6}}) == "ircot"
+
+
+def test_rows_of_two_revisions_name_the_revision_and_the_older_ones_settings_are_not_read_as_todays():
+    from types import SimpleNamespace
+
+    from metarag.evaluate.report import tell_apart
+
+    old = SimpleNamespace(settings={"method": "dragin", "method_settings": {"k": 3}})
+    new = SimpleNamespace(settings={"method": "dragin", "method_settings": {"k": 3, "force_answer": True},
+                                    "method_revision": 2})
+    rows = [{"method": "dragin"}, {"method": "dragin"}]
+    tell_apart(rows, [old, new])
+    assert [r["method"] for r in rows] == ["dragin (force_answer=–, rev=1)", "dragin (force_answer=True, rev=2)"]
+
+
+def test_the_answers_a_change_moved_are_counted_each_way():
+    from types import SimpleNamespace
+
+    from metarag.evaluate.report import answer_changes
+
+    def result(qid, prediction, em):
+        return SimpleNamespace(question_id=qid, prediction=prediction, scores=SimpleNamespace(em=em))
+
+    base = SimpleNamespace(name="old", results=(result("a", "Paris", 1.0), result("b", "the answer is Rome", 0.0),
+                                                result("c", "Oslo", 0.0), result("d", "x", 1.0)))
+    run = SimpleNamespace(name="new", results=(result("a", "Paris", 1.0), result("b", "Rome", 1.0),
+                                               result("c", "Bergen", 0.0), result("d", "y", 0.0)))
+    table = answer_changes([base, run])
+    assert "| new | 4 | 3 | 1 | 1 | +0.00 |" in table

@@ -100,6 +100,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "answered by the model, cached = by the response cache)")
     rp.add_argument("--breakdown", action="store_true",
                     help="also print each run's judge verdicts and decisions (study Table 2)")
+    rp.add_argument("--changes", action="store_true",
+                    help="also print, for each run, how many answers differ from the baseline's and how many went "
+                         "from wrong to right and right to wrong (EM): what a change to a method did")
     rp.add_argument("--by-type", action="store_true",
                     help="also print EM per question type (MuSiQue's hops, MultiHop-RAG's query types, HotpotQA's "
                          "bridge / comparison), the types read from the runs' dataset")
@@ -576,7 +579,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     prices = load_price_table(args.prices) if args.prices else None
     columns = [c.strip() for c in args.columns.split(",") if c.strip()] if args.columns else None
     text, rows = format_report(runs, baseline=baseline, tests=args.test or ("t-test",), prices=prices,
-                               columns=columns, breakdowns=args.breakdown, types=args.by_type)
+                               columns=columns, breakdowns=args.breakdown, types=args.by_type, changes=args.changes)
     print(text)
     if args.csv:
         write_csv(rows, args.csv)

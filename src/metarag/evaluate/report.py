@@ -217,7 +217,8 @@ def tell_apart(rows: list[dict], runs: Sequence[LoadedRun]) -> None:
     settings in which their runs differ, e.g. "belief-agent (probe=True)", so no two rows read the
     same; a path is named by its last part. Rows of a method that appears once are left as they are.
     A setting a run's record lacks (the run predates it) reads as the setting's default, the behaviour
-    the run had; "–" for a method this version does not know."""
+    the run had; "–" for a method this version does not know, or for a run of an older revision of the
+    method (it behaved as that revision did); rows of different revisions also name it ("rev=2")."""
     groups: dict[str | None, list[int]] = {}
     for i, row in enumerate(rows):
         groups.setdefault(row["method"], []).append(i)
@@ -225,11 +226,16 @@ def tell_apart(rows: list[dict], runs: Sequence[LoadedRun]) -> None:
         if len(members) < 2:
             continue
         settings = [runs[i].settings.get("method_settings") or {} for i in members]
+        revisions = [runs[i].settings.get("method_revision", 1) for i in members]
         known = {k for st in settings for k in st}
         for j, i in enumerate(members):
             if missing := known - settings[j].keys():
-                defaults = _defaults(runs[i].settings.get("method"))
+                # an older revision's run behaved as that revision did, not as today's default
+                current = revisions[j] == max(revisions)
+                defaults = _defaults(runs[i].settings.get("method")) if current else {}
                 settings[j] = {**{k: defaults.get(k, "–") for k in missing}, **settings[j]}
+        if len(set(revisions)) > 1:
+            settings = [{**st, "rev": rev} for st, rev in zip(settings, revisions)]
         keys = sorted({k for st in settings for k in st if len({repr(other.get(k)) for other in settings}) > 1})
         for i, st in zip(members, settings):
             named = ", ".join(f"{k}={_short(st.get(k))}" for k in keys)
@@ -353,10 +359,11 @@ DEGENERATE_NOTE = "degenerate: one verdict >= 95 %"
 
 def format_report(runs: Sequence[LoadedRun], *, baseline: int | None = 0, tests: Sequence[str] = ("t-test",),
                   prices: dict[str, Price] | None = None, columns: Sequence[str] | None = None, breakdowns: bool = False,
-                  types: bool = False) -> tuple[str, list[dict]]:
+                  types: bool = False, changes: bool = False) -> tuple[str, list[dict]]:
     """What `metarag report` prints for `runs` (and `metarag experiment` for each dataset): the table,
     the line naming the reference of its paired tests, the answer judge's table where a run has one,
-    each run's breakdown (`breakdowns`) and the by-question-type table (`types`); and the table's rows."""
+    each run's breakdown (`breakdowns`), the by-question-type table (`types`) and the answers each run
+    changed against the baseline (`changes`); and the table's rows."""
     from metarag.evaluate.answer_judge import format_answer_judges
 
     table, rows = report_table(runs, baseline=baseline, tests=tuple(tests), prices=prices, columns=columns)
@@ -370,6 +377,8 @@ def format_report(runs: Sequence[LoadedRun], *, baseline: int | None = 0, tests:
         parts += ["\n" + breakdown(run) for run in runs]
     if types:
         parts.append("\n" + by_type(runs))
+    if changes and len(runs) > 1 and baseline is not None:
+        parts.append("\n" + answer_changes(runs, baseline))
     return "\n".join(parts), rows
 
 
@@ -436,6 +445,26 @@ def by_type(runs: Sequence[LoadedRun], metric: str = "em") -> str:
         done = [x for v in scored.values() for x in v]
         cells.append(_fmt(100 * sum(done) / len(done)) if done else "–")
         lines.append(f"| {label['method']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def answer_changes(runs: Sequence[LoadedRun], baseline: int = 0) -> str:
+    """How each run's answers differ from the baseline run's on the questions both finished: how many
+    predictions changed, and of those how many went from wrong to right and from right to wrong
+    (EM), with the net change in EM points. What a fix to a method did, question by question."""
+    base = {r.question_id: r for r in runs[baseline].results}
+    lines = [f"### Answers changed against {runs[baseline].name}", "",
+             "| run | shared questions | answers changed | EM 0 -> 1 | EM 1 -> 0 | net EM points |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for i, run in enumerate(runs):
+        if i == baseline:
+            continue
+        shared = [(base[r.question_id], r) for r in run.results if r.question_id in base]
+        changed = [(b, r) for b, r in shared if b.prediction.strip() != r.prediction.strip()]
+        gained = sum(b.scores.em < r.scores.em for b, r in shared)
+        lost = sum(b.scores.em > r.scores.em for b, r in shared)
+        net = 100 * (gained - lost) / len(shared) if shared else 0.0
+        lines.append(f"| {run.name} | {len(shared)} | {len(changed)} | {gained} | {lost} | {net:+.2f} |")
     return "\n".join(lines)
 
 
