@@ -18,7 +18,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
 class FakeOpenAIServer:
-    """The server in a background thread; `requests` counts the completion requests answered."""
+    """The server in a background thread; `requests` counts the completion requests answered,
+    `peak_in_flight` the most it was answering at once (a thread each: unlimited concurrency)."""
 
     def __init__(self, port: int = 0, answer: Callable[[str], str] | str = "Paris", mode: str = "ok",
                  delay_s: float = 0.0, choice_fields: dict | None = None, response_fields: dict | None = None):
@@ -30,6 +31,9 @@ class FakeOpenAIServer:
         self.delay_s = delay_s  # before each completion, as a model would take
         self.port = port
         self.requests = 0
+        self.in_flight = 0  # completions being answered now, and the most at once so far
+        self.peak_in_flight = 0
+        self._counting = threading.Lock()
         self._httpd: ThreadingHTTPServer | None = None
         self._released = threading.Event()
 
@@ -39,7 +43,7 @@ class FakeOpenAIServer:
 
     def start(self) -> FakeOpenAIServer:
         self._released.clear()
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", self.port), _handler(self))
+        self._httpd = _Server(("127.0.0.1", self.port), _handler(self))
         self._httpd.daemon_threads = True
         self.port = self._httpd.server_address[1]
         threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
@@ -58,6 +62,10 @@ class FakeOpenAIServer:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+class _Server(ThreadingHTTPServer):
+    request_queue_size = 1024  # hundreds of clients connect at once (the default backlog is 5)
 
 
 def _handler(server: FakeOpenAIServer):
@@ -100,7 +108,14 @@ def _handler(server: FakeOpenAIServer):
             body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
             if self._misbehave():
                 return
-            time.sleep(server.delay_s)
+            with server._counting:
+                server.in_flight += 1
+                server.peak_in_flight = max(server.peak_in_flight, server.in_flight)
+            try:
+                time.sleep(server.delay_s)
+            finally:
+                with server._counting:
+                    server.in_flight -= 1
             usage = {"prompt_tokens": 10, "completion_tokens": 1, "total_tokens": 11}
             if self.path == "/v1/chat/completions":
                 prompt = "\n".join(str(m.get("content", "")) for m in body.get("messages", []))

@@ -12,11 +12,12 @@ import contextlib
 import datetime as dt
 import hashlib
 import os
+import queue
 import subprocess
 import sys
 import threading
 from collections.abc import Callable, Mapping
-from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -378,22 +379,24 @@ def _run_questions(method: Method, todo: list[tuple[Question, int]], runtime: Ru
     stopped: list[str] = []  # why the run stopped early, once it did
     recheck: list[QuestionResult] = []  # a retryable failure not yet followed by a health check
 
-    def finish(result: QuestionResult) -> None:
+    def finish(*results: QuestionResult) -> None:
         nonlocal count
         with lock:
-            store.append(result, handle)
-            count += 1
-            sums["em"] += result.scores.em
-            sums["f1"] += result.scores.f1
+            store.append_many(results, handle)  # the questions that finished together: one fsync
+            for result in results:
+                count += 1
+                sums["em"] += result.scores.em
+                sums["f1"] += result.scores.f1
+                if result.retryable:
+                    streak.append(result)
+                    recheck.append(result)
+                else:
+                    streak.clear()
             bar.set_postfix(EM=f"{100 * sums['em'] / count:.1f}", F1=f"{100 * sums['f1'] / count:.1f}")
-            bar.update(1)
-            if result.retryable:
-                streak.append(result)
-                recheck.append(result)
-            else:
-                streak.clear()
+            bar.update(len(results))
         if on_result is not None:
-            on_result(result)
+            for result in results:
+                on_result(result)
 
     def stop() -> bool:
         # After a retryable failure, ask the back-ends again (seconds): a server that died or hung
@@ -436,17 +439,28 @@ def _run_questions(method: Method, todo: list[tuple[Question, int]], runtime: Ru
                     if stop():
                         break
             else:
-                with ThreadPoolExecutor(workers) as pool:
-                    pending = {pool.submit(run, method, q, runtime, seed=None if seeds is None else seeds[n]):
-                               (q, sample) for n, (q, sample) in enumerate(todo)}
+                # Finished questions come through a queue (not `wait` over every pending future, which
+                # costs a pass over all of them per question) and each drained lot is written at once.
+                settled_futures: queue.SimpleQueue = queue.SimpleQueue()
+                with ThreadPoolExecutor(workers, thread_name_prefix="metarag-question") as pool:
+                    pending = {}
+                    for n, (q, sample) in enumerate(todo):
+                        future = pool.submit(run, method, q, runtime, seed=None if seeds is None else seeds[n])
+                        pending[future] = (q, sample)
+                        future.add_done_callback(settled_futures.put)
                     try:
                         while pending:
-                            finished, _ = wait(pending, return_when=FIRST_COMPLETED)
+                            finished = [settled_futures.get()]
+                            with contextlib.suppress(queue.Empty):
+                                while True:
+                                    finished.append(settled_futures.get_nowait())
+                            results = [score(pending[f][0], f.result(), pending[f][1])
+                                       for f in finished if not f.cancelled()]
                             for future in finished:
-                                if not future.cancelled():
-                                    finish(score(pending[future][0], future.result(), pending[future][1]))
-                                    written += 1
                                 del pending[future]
+                            if results:
+                                finish(*results)
+                                written += len(results)
                             if stop():  # questions already running finish and are written; no new one starts
                                 for future in pending:
                                     future.cancel()

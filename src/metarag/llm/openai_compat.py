@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import os
 import random
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -65,10 +66,27 @@ class OpenAICompatLLM:
             raise MissingDependency("openai", "openai") from None
         self._openai = openai
         self.settings = settings
-        self.client = openai.OpenAI(base_url=settings.base_url,
-                                    api_key=os.environ.get(settings.api_key_env) or "EMPTY",
-                                    timeout=settings.timeout_s, max_retries=0)
+        self._api_key = os.environ.get(settings.api_key_env) or "EMPTY"
+        self._tls = None  # one TLS context for every thread's client (making one costs ~50 ms)
+        self._threads = threading.local()
         self.identity = f"openai:{settings.model}@{settings.base_url}"
+
+    @property
+    def client(self):
+        """This thread's client. One connection pool per thread: with hundreds of requests in flight
+        from the harness's threads, one shared pool is the bottleneck (httpx's pool does work that grows
+        with its connections under one lock, for each request and each response)."""
+        client = getattr(self._threads, "client", None)
+        if client is None:
+            openai = self._openai
+            if self._tls is None:
+                import httpx2
+
+                self._tls = httpx2.create_ssl_context()
+            client = self._threads.client = openai.OpenAI(
+                base_url=self.settings.base_url, api_key=self._api_key, timeout=self.settings.timeout_s,
+                max_retries=0, http_client=openai.DefaultHttpxClient(verify=self._tls))
+        return client
 
     # -------------------------------------------------------------------------------- protocol
     # What the HTTP API gives: tokens (text and log-prob, top alternatives) only when logprobs are
