@@ -187,7 +187,7 @@ def test_a_4xx_is_not_retried(service, monkeypatch):
     calls = []
     real_urlopen = urllib.request.urlopen
     monkeypatch.setattr(urllib.request, "urlopen", lambda *a, **kw: calls.append(1) or real_urlopen(*a, **kw))
-    with pytest.raises(BackendError, match=r"refused the request: HTTP 400: .*topk") as caught:
+    with pytest.raises(BackendError, match=r"refused the request: HTTP 422: .*topk") as caught:
         RemoteRetriever(service.url, max_retries=3, backoff_s=0.01).search("Paris", 5000)
     assert len(calls) == 1 and not caught.value.retryable
 
