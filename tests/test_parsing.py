@@ -284,8 +284,8 @@ def test_methods_import_nothing_from_evaluate():
 def test_no_reader_of_model_output_is_left_outside_parsing():
     # the old homes of the readers hold none of them any more
     assert not (SRC / "judges" / "parse.py").exists()
-    for module, names in {"evaluate/metrics.py": ("extract_short_answer", "marked_answer"),
-                          "methods/evidence.py": ("clean_answer",),
+    for module, names in {"metrics.py": ("extract_short_answer", "marked_answer"),
+                          "policy/evidence.py": ("clean_answer",),
                           "methods/sim_rag.py": ("parse_answer", "parse_query"),
                           "methods/iterdrag.py": ("parse_step", "final_after"),
                           "methods/evoctx.py": ("parse_decision", "strip_label"),
