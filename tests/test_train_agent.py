@@ -403,6 +403,9 @@ def test_each_belief_agent_step_is_trained_on_the_context_it_was_sampled_from(ti
                 assert logps[j].item() == pytest.approx(expected, abs=1e-3)  # the trainer's, at completion index j
                 checked += 1
                 differs += abs(whole[len(sample.prompt_ids) + j - 1, token].item() - expected) > 1e-3
+        # the tokens the loss leaves out (a later step's prompt) never went through the LM head
+        skipped = [logps[j].item() for j, counted in enumerate(sample.env_mask) if not counted]
+        assert skipped == [0.0] * len(skipped)
     assert checked == sum(sum(s.env_mask) for s in samples)
     assert differs > 0  # the whole sequence as context would have given other log-probs: the test can fail
 

@@ -639,6 +639,7 @@ def step_packed_trainer(trl: Any) -> type:
         # forward and backward (everything else in the step's training_step calls)
         _seconds = {"rollouts": 0.0, "reference": 0.0, "policy": 0.0}
         _scoring = 0.0
+        _loss_mask = None
 
         def training_step(self, model, inputs, num_items_in_batch):
             self._scoring = 0.0
@@ -680,11 +681,14 @@ def step_packed_trainer(trl: Any) -> type:
 
         def _compute_loss(self, model, inputs):
             self._scoring_positions = inputs.get("completion_positions")
+            # the tokens the loss counts (TRL's own mask): the LM head is run at no other position
+            mask = inputs["completion_mask"]
+            self._loss_mask = mask if "tool_mask" not in inputs else mask * inputs["tool_mask"]
             self._in_loss = True
             try:
                 return super()._compute_loss(model, inputs)
             finally:
-                self._scoring_positions = None
+                self._scoring_positions = self._loss_mask = None
                 self._in_loss = False
 
         def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep,
@@ -722,6 +726,13 @@ def step_packed_trainer(trl: Any) -> type:
                                                    boolean=attn == "sdpa")
                 labels = ids.masked_fill(pad == 0, -100)
                 labels[:, :-logits_to_keep] = -100
+                loss_mask = self._loss_mask if self._in_loss else None
+                if loss_mask is not None and loss_mask.shape == (input_ids.size(0), logits_to_keep):
+                    # A packed row's later segments begin with their own prompts, which the loss masks out:
+                    # the fused LM head (float32, the vocabulary wide) then skips them, as it skips a prompt
+                    # (their log-probs read 0 and are multiplied by 0). The loss and its gradient are unchanged.
+                    labels[:, -logits_to_keep:] = labels[:, -logits_to_keep:].masked_fill(
+                        loss_mask[start:end] == 0, -100)
                 extra = {"output_router_logits": True} if compute_aux_loss else {}
                 with self.accelerator.autocast():
                     out = model(input_ids=ids, attention_mask=mask, position_ids=position_ids, labels=labels,
