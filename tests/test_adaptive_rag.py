@@ -85,7 +85,7 @@ def test_classifier_rules_ties_no_mass_and_forced_routes():
     assert decide.choice == "C" and decide.signals["fallback"] == 1.0
     forced, llm = routed("A", values={"route": "B"})
     assert route_of(forced) == "B" and not forced.of_kind(Score) and not any(CLASSIFY in p for p in llm.prompts)
-    with pytest.raises(ConfigError, match="route must be auto, A, B or C"):
+    with pytest.raises(ConfigError, match="setting .route. must be one of auto, A, B, C"):
         AdaptiveRAGSettings(route="D")
     with pytest.raises(ConfigError, match="is not a trained router folder"):
         build_method("adaptive-rag", {"classifier": "/nonexistent/router"})

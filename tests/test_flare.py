@@ -211,7 +211,7 @@ def test_each_sentence_starts_from_a_loop_state_and_the_rule_can_be_switched_off
 
 
 def test_settings_are_checked():
-    with pytest.raises(ConfigError, match="query_mode must be one of masked, question"):
+    with pytest.raises(ConfigError, match="FLARESettings setting .query_mode. must be one of masked, question"):
         FLARESettings(query_mode="both")
     with pytest.raises(ConfigError, match="theta"):
         FLARESettings(theta=1.5)

@@ -125,7 +125,7 @@ def test_the_cot_reader_reasons_then_answers(corpus):
     reader = trace.of_kind(Generate)[-1]
     assert trace.error is None and reader.purpose == "answer" and reader.text.endswith("Dijon.")
     assert llm.prompts[-1] == llm.prompts[0] and trace.answer == "Dijon"
-    with pytest.raises(ConfigError, match="ircot reader must be one of direct, cot"):
+    with pytest.raises(ConfigError, match="IRCoTSettings setting .reader. must be one of direct, cot"):
         IRCoTSettings(reader="none")
 
 

@@ -167,7 +167,7 @@ def test_lookup_gives_the_next_sentence_and_a_new_search_starts_again():
 
 
 def test_settings_are_checked_at_start_up():
-    with pytest.raises(ConfigError, match="at_step_limit must be one of empty, finish"):
+    with pytest.raises(ConfigError, match="setting .at_step_limit. must be one of empty, finish"):
         ReActSettings(at_step_limit="guess")
     with pytest.raises(ConfigError, match="max_steps"):
         ReActSettings(max_steps=0)

@@ -152,9 +152,9 @@ def test_gold_feedback_needs_gold_answers_and_settings_are_checked(corpus):
     trace = run(Reflexion(ReflexionSettings(evaluator="gold")), Question("q2", Q.text),
                 Runtime(llm, MemoryRetriever(corpus)))
     assert "evaluator=gold needs gold answers" in trace.error and not llm.prompts
-    with pytest.raises(ConfigError, match="evaluator must be one of self, gold"):
+    with pytest.raises(ConfigError, match="setting .evaluator. must be one of self, gold"):
         ReflexionSettings(evaluator="oracle")
-    with pytest.raises(ConfigError, match="at_step_limit must be one of"):
+    with pytest.raises(ConfigError, match="setting .at_step_limit. must be one of"):
         ReflexionSettings(at_step_limit="guess")
     with pytest.raises(ConfigError, match="trials"):
         ReflexionSettings(trials=0)

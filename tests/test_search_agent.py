@@ -232,7 +232,7 @@ def test_random_candidates_are_seeded_per_question_and_step():
 
 def test_settings_fail_at_start_up():
     assert method_settings("belief-agent", {"candidates": "heuristic"}).candidates == "heuristic"
-    with pytest.raises(ConfigError, match="candidates must be one of random, search, answer, heuristic"):
+    with pytest.raises(ConfigError, match="setting .candidates. must be one of random, search, answer, heuristic"):
         method_settings("belief-agent", {"candidates": "always"})
     with pytest.raises(ConfigError, match="'T' must be >= 1"):
         method_settings("search-r1", {"T": "0"})

@@ -123,7 +123,7 @@ def test_step_context_passages_retrieves_for_the_question_first(corpus):
 
 
 def test_bad_settings_name_the_setting():
-    with pytest.raises(ConfigError, match="passages must be one of replace, accumulate"):
+    with pytest.raises(ConfigError, match="setting .passages. must be one of replace, accumulate"):
         SelfAskSettings(passages="merge")
     with pytest.raises(ConfigError, match="step_context"):
         SelfAskSettings(step_context="all")

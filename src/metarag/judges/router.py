@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 import numpy as np
 
@@ -15,7 +15,8 @@ from metarag.errors import ConfigError, DataError
 from metarag.judges.base import Verdict
 from metarag.judges.critic import MiniLMFeatures, TextEncoder, check_encoder
 
-ROUTES = ("A", "B", "C")  # Adaptive-RAG's complexity classes: no retrieval, one retrieval, multi-step
+Route = Literal["A", "B", "C"]  # Adaptive-RAG's complexity classes: no retrieval, one retrieval, multi-step
+ROUTES = get_args(Route)
 ROUTER_FORMAT = 1
 ROUTER_KIND = "adaptive-rag-router"
 MODEL_FILE = "router.npz"

@@ -26,15 +26,17 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Literal
 
 from metarag.errors import ConfigError
-from metarag.judges.router import ROUTES, load_router
+from metarag.judges.router import ROUTES, Route, load_router
 from metarag.methods.closed_book import ClosedBook
 from metarag.methods.ircot import IRCoT
 from metarag.methods.runner import Policy
 from metarag.methods.standard_rag import StandardRAG
 from metarag.policy.actions import Assess, Note, Probe
 from metarag.records import Decide, Message, Question, Trace
+from metarag.settings import check_ranges
 
 STRATEGIES = {"A": "closed-book", "B": "standard-rag", "C": "ircot"}
 ROUTE_STEP = "adaptive-rag-route"
@@ -56,14 +58,13 @@ class AdaptiveRAGSettings:
     labels compare). The strategies run with their own defaults: standard-rag top-5, IRCoT K = 6."""
 
     classifier: str = "llm"
-    route: str = "auto"
+    route: Literal["auto", Route] = "auto"
 
     def __post_init__(self) -> None:
+        check_ranges(self)
         if not self.classifier.strip():
             raise ConfigError("adaptive-rag classifier must be 'llm' or the folder of a router trained with "
                               "`metarag train-router`")
-        if self.route not in ("auto", *ROUTES):
-            raise ConfigError(f"adaptive-rag route must be auto, A, B or C, got {self.route!r}")
 
 
 class AdaptiveRAG:

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, get_args
 
 from metarag.errors import ConfigError, close_matches
 from metarag.judges.base import Verdict
@@ -55,7 +55,8 @@ from metarag.settings import check_ranges, setting
 ACTIONS = ("RETRIEVE", "THINK", "ANSWER")
 ABLATIONS = ("none", "no-retrieve", "no-think", "no-reasoning", "no-boundary")
 # Which end of the accumulated context a token budget keeps (see `extend_context`).
-CONTEXT_KEEP = ("recent", "first")
+ContextKeep = Literal["recent", "first"]
+CONTEXT_KEEP = get_args(ContextKeep)
 
 # f_dec: the reasoning first (it is what the boundary judge embeds), the action on its own line.
 DECISION_TASK = (
@@ -149,7 +150,7 @@ class EvoCtxSettings:
     rule: str = "hybrid"
     ablation: str = "none"
     context_budget_tokens: int = setting(1024, ge=0)
-    context_keep: str = "first"
+    context_keep: ContextKeep = "first"
     encoder: str = "minilm"
     decision_llm: str = ""
     decision_max_tokens: int = setting(192, ge=1)
@@ -165,9 +166,6 @@ class EvoCtxSettings:
             raise ConfigError(f"unknown evoctx rule {self.rule!r}{close_matches(self.rule, RULES)}")
         if self.ablation not in ABLATIONS:
             raise ConfigError(f"unknown evoctx ablation {self.ablation!r}{close_matches(self.ablation, ABLATIONS)}")
-        if self.context_keep not in CONTEXT_KEEP:
-            raise ConfigError(f"evoctx context_keep must be one of {', '.join(CONTEXT_KEEP)}, "
-                              f"got {self.context_keep!r}")
         make_encoder(self.encoder)
         decision_llm_spec(self.decision_llm)
 
@@ -304,7 +302,7 @@ def passage_tokens(passage: Passage) -> int:
     return approx_tokens(f"{passage.title} {passage.text}")
 
 
-def extend_context(context: Sequence[Hit], new: Sequence[Hit], budget: int, keep: str = "first") -> list[Hit]:
+def extend_context(context: Sequence[Hit], new: Sequence[Hit], budget: int, keep: ContextKeep = "first") -> list[Hit]:
     """`context` with the `new` hits appended in their (retrieval-score) order, duplicates (same id or
     same title and text) left out, and the whole cut at `budget` tokens (0: no budget).
 

@@ -51,6 +51,7 @@ import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 from metarag.errors import ConfigError
 from metarag.llm.base import Decoding
@@ -98,7 +99,6 @@ ANSWER_END = "\n\n"  # the released code's final stop: a blank line ends the ans
 # A look-ahead stops at its first sentence end instead of decoding all 64 tokens and cutting there as
 # the released code does: under greedy decoding the sentence kept is the same, for a third of the work.
 SENTENCE_STOPS = (ANSWER_END, ". ", "? ", "! ", ".\n", "?\n", "!\n")
-QUERY_MODES = ("masked", "question")
 MIN_SENTENCE_CHARS = 5  # the released code's `min_sent_len`: a boundary earlier than this is no sentence end
 SPAN_GAP = 5  # the released code's `min_gap`: low tokens fewer than this apart belong to one span
 
@@ -127,7 +127,7 @@ class FLARESettings:
     k: int = setting(5, ge=1)
     theta: float = setting(0.8, ge=0, le=1)
     beta: float = setting(0.4, ge=0, le=1)
-    query_mode: str = "masked"
+    query_mode: Literal["masked", "question"] = "masked"
     look_ahead_tokens: int = setting(64, ge=1)
     max_tokens: int = setting(256, ge=1)
     initial_retrieval: bool = True
@@ -138,8 +138,6 @@ class FLARESettings:
 
     def __post_init__(self) -> None:
         check_ranges(self)
-        if self.query_mode not in QUERY_MODES:
-            raise ConfigError(f"flare query_mode must be one of {', '.join(QUERY_MODES)}, got {self.query_mode!r}")
 
 
 class FLARE:

@@ -24,10 +24,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Literal
 
-from metarag.errors import ConfigError
 from metarag.llm.base import Decoding
-from metarag.methods.evoctx import CONTEXT_KEEP, extend_context
+from metarag.methods.evoctx import ContextKeep, extend_context
 from metarag.methods.fixed_point import LoopState
 from metarag.methods.runner import Policy
 from metarag.parsing import clean_answer, final_after, parse_step
@@ -53,8 +53,6 @@ FINAL_TASK = (
     "Question: {question}\n{chain}"
     "Answer the question using the passages and the intermediate answers. Give a short answer only: a "
     "name, a date, a number, a short phrase, or yes/no. Do not explain.\nShort answer:")
-
-ON_REPEAT = ("answer", "retrieve")
 
 
 @dataclass(frozen=True)
@@ -87,20 +85,15 @@ class IterDRAGSettings:
     k: int = setting(5, ge=1)
     T: int = setting(8, ge=0)
     context_budget_tokens: int = setting(1024, ge=0)
-    context_keep: str = "first"
+    context_keep: ContextKeep = "first"
     exclude_seen: bool = False
-    on_repeat: str = "answer"
+    on_repeat: Literal["answer", "retrieve"] = "answer"
     step_max_tokens: int = setting(64, ge=1)
     answer_max_tokens: int = setting(32, ge=1)
     stop_at_fixed_point: bool = True
 
     def __post_init__(self) -> None:
         check_ranges(self)
-        if self.on_repeat not in ON_REPEAT:
-            raise ConfigError(f"iterdrag on_repeat must be one of {', '.join(ON_REPEAT)}, got {self.on_repeat!r}")
-        if self.context_keep not in CONTEXT_KEEP:
-            raise ConfigError(f"iterdrag context_keep must be one of {', '.join(CONTEXT_KEEP)}, "
-                              f"got {self.context_keep!r}")
 
 
 class IterDRAG:

@@ -43,9 +43,8 @@ from __future__ import annotations
 
 from collections.abc import Generator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, get_args
 
-from metarag.errors import ConfigError
 from metarag.llm.base import Decoding
 from metarag.methods.evoctx import approx_tokens
 from metarag.methods.fixed_point import LoopState
@@ -98,7 +97,8 @@ INVALID = "Invalid action: {action}"  # ReAct's environment's observation for an
 NO_MORE = "No more results."
 NO_PASSAGES = "No passages found."
 
-AT_STEP_LIMIT = ("empty", "finish")
+AtStepLimit = Literal["empty", "finish"]
+AT_STEP_LIMIT = get_args(AtStepLimit)
 STOP = ("\nObservation {i}:", "\nObservation:", "\nQuestion:")  # step i's stops (the paper's first)
 
 
@@ -122,16 +122,13 @@ class ReActSettings:
     k: int = setting(3, ge=1)
     max_steps: int = setting(7, ge=1)
     step_max_tokens: int = setting(100, ge=1)
-    at_step_limit: str = "empty"
+    at_step_limit: AtStepLimit = "empty"
     finish_max_tokens: int = setting(32, ge=1)
     max_prompt_tokens: int = setting(3896, ge=0)
     stop_at_fixed_point: bool = True
 
     def __post_init__(self) -> None:
         check_ranges(self)
-        if self.at_step_limit not in AT_STEP_LIMIT:
-            raise ConfigError(f"react at_step_limit must be one of {', '.join(AT_STEP_LIMIT)}, "
-                              f"got {self.at_step_limit!r}")
 
 
 @dataclass(frozen=True)

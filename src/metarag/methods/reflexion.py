@@ -36,13 +36,12 @@ from metarag.errors import ConfigError
 from metarag.judges.gold import GoldMatch
 from metarag.llm.base import Decoding
 from metarag.methods.fixed_point import LoopState
-from metarag.methods.react import AT_STEP_LIMIT, REACT_SYSTEM, ReActSettings, Trial, react_trial
+from metarag.methods.react import REACT_SYSTEM, AtStepLimit, ReActSettings, Trial, react_trial
 from metarag.methods.runner import Policy
 from metarag.policy.actions import Ask, Assess, Note, Probe
 from metarag.records import Message, Question
 from metarag.settings import check_ranges, setting
 
-EVALUATORS = ("self", "gold")
 REFLECT_SYSTEM = "You are a careful assistant that learns from its mistakes."
 REFLECT_TASK = (
     "Below is an earlier attempt to answer a question with a search tool over encyclopedia passages. The "
@@ -79,12 +78,12 @@ class ReflexionSettings:
     """
 
     trials: int = setting(5, ge=1)
-    evaluator: str = "self"
+    evaluator: Literal["self", "gold"] = "self"
     threshold: float = setting(0.5, ge=0.0, le=1.0)
     k: int = setting(3, ge=1)
     max_steps: int = setting(6, ge=1)
     step_max_tokens: int = setting(100, ge=1)
-    at_step_limit: str = "empty"
+    at_step_limit: AtStepLimit = "empty"
     max_prompt_tokens: int = setting(3896, ge=0)
     reflect_max_tokens: int = setting(250, ge=1)
     stop_at_fixed_point: bool = True
@@ -92,11 +91,6 @@ class ReflexionSettings:
 
     def __post_init__(self) -> None:
         check_ranges(self)
-        if self.evaluator not in EVALUATORS:
-            raise ConfigError(f"reflexion evaluator must be one of {', '.join(EVALUATORS)}, got {self.evaluator!r}")
-        if self.at_step_limit not in AT_STEP_LIMIT:
-            raise ConfigError(f"reflexion at_step_limit must be one of {', '.join(AT_STEP_LIMIT)}, "
-                              f"got {self.at_step_limit!r}")
 
     @property
     def actor(self) -> ReActSettings:

@@ -41,9 +41,8 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Generator, Hashable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
-from metarag.errors import ConfigError
 from metarag.judges.belief import belief_probe
 from metarag.llm.base import Decoding
 from metarag.methods.fixed_point import LoopState
@@ -110,7 +109,6 @@ SEARCH_R1_PROBE_CONTEXT = "Question: {question}\n"
 SEARCH_R1_PROBE_HISTORY = "Your reasoning, searches and the information returned so far:\n{transcript}\n"
 
 STOP = ("</search>", "</answer>")
-CANDIDATES = ("random", "search", "answer", "heuristic")
 
 
 def format_information(hits: Sequence[Hit]) -> str:
@@ -182,16 +180,13 @@ class BeliefAgentSettings:
     k: int = setting(3, ge=1)
     step_max_tokens: int = setting(512, ge=1)
     verify_first: bool = True
-    candidates: str = "random"
+    candidates: Literal["random", "search", "answer", "heuristic"] = "random"
     candidate_seed: int = setting(0, ge=0)
     probe: bool = False
     stop_at_fixed_point: bool = True
 
     def __post_init__(self) -> None:
         check_ranges(self)
-        if self.candidates not in CANDIDATES:
-            raise ConfigError(f"belief-agent candidates must be one of {', '.join(CANDIDATES)}, "
-                              f"got {self.candidates!r}")
 
 
 # -------------------------------------------------------------------------------------- agents

@@ -26,7 +26,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from metarag.errors import ConfigError
 from metarag.llm.base import Decoding
 from metarag.methods.fixed_point import LoopState
 from metarag.methods.runner import Policy
@@ -65,9 +64,6 @@ INTERMEDIATE_TASK = (
     "Answer the question from the passages in a few words.\nAnswer:")
 STEP_STOP = ("Intermediate answer:", "Intermediate Answer:", "\nQuestion:")
 
-PASSAGES = ("replace", "accumulate")
-STEP_CONTEXT = ("none", "passages")
-
 
 @dataclass(frozen=True)
 class SelfAskSettings:
@@ -96,8 +92,8 @@ class SelfAskSettings:
 
     k: int = setting(5, ge=1)
     max_follow_ups: int = setting(5, ge=0)
-    passages: str = "replace"
-    step_context: str = "none"
+    passages: Literal["replace", "accumulate"] = "replace"
+    step_context: Literal["none", "passages"] = "none"
     step_max_tokens: int = setting(64, ge=1)
     answer_max_tokens: int = setting(32, ge=1)
     stop_at_fixed_point: bool = True
@@ -105,11 +101,6 @@ class SelfAskSettings:
 
     def __post_init__(self) -> None:
         check_ranges(self)
-        if self.passages not in PASSAGES:
-            raise ConfigError(f"self-ask passages must be one of {', '.join(PASSAGES)}, got {self.passages!r}")
-        if self.step_context not in STEP_CONTEXT:
-            raise ConfigError(f"self-ask step_context must be one of {', '.join(STEP_CONTEXT)}, "
-                              f"got {self.step_context!r}")
 
 
 class SelfAsk:

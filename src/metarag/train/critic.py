@@ -54,6 +54,7 @@ from metarag.parsing import parse_answer_rationale
 from metarag.policy.evidence import format_passages
 from metarag.records import Decide, Generate, Question, Retrieve, Trace
 from metarag.retrieve.base import Retriever
+from metarag.settings import check_ranges
 
 if TYPE_CHECKING:
     from metarag.evaluate.harness import DatasetSpec
@@ -112,8 +113,7 @@ class PracticeSettings:
     def __post_init__(self) -> None:
         if not self.evidence_sizes or any(n < 0 for n in self.evidence_sizes):
             raise ConfigError(f"evidence_sizes must be counts >= 0, got {self.evidence_sizes}")
-        if self.label not in ("em", "f1"):
-            raise ConfigError(f"label must be 'em' or 'f1', got {self.label!r}")
+        check_ranges(self)
         if not 0.0 < self.f1_threshold <= 1.0:
             raise ConfigError(f"f1_threshold must be in (0, 1], got {self.f1_threshold}")
         self.run_settings()  # the practice run's own checks
@@ -245,8 +245,7 @@ class CriticTrainSettings:
     hidden: int = 64
 
     def __post_init__(self) -> None:
-        if self.classifier not in ("logreg", "mlp"):
-            raise ConfigError(f"classifier must be 'logreg' or 'mlp', got {self.classifier!r}")
+        check_ranges(self)
         if not 0.0 <= self.heldout < 1.0:
             raise ConfigError(f"heldout must be in [0, 1), got {self.heldout}")
 

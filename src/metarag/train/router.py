@@ -43,6 +43,7 @@ from metarag.judges.router import (
 )
 from metarag.methods.adaptive_rag import STRATEGIES
 from metarag.metrics import AnswerScores
+from metarag.settings import check_ranges
 from metarag.train.critic import import_sklearn, training_sets
 
 if TYPE_CHECKING:
@@ -95,10 +96,9 @@ class RouterTrainSettings:
     f1_threshold: float = 0.5
 
     def __post_init__(self) -> None:
+        check_ranges(self)
         if not 0.0 <= self.heldout < 1.0:
             raise ConfigError(f"heldout must be in [0, 1), got {self.heldout}")
-        if self.label not in ("em", "f1"):
-            raise ConfigError(f"label must be 'em' or 'f1', got {self.label!r}")
         if not 0.0 < self.f1_threshold <= 1.0:
             raise ConfigError(f"f1_threshold must be in (0, 1], got {self.f1_threshold}")
 
