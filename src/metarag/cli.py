@@ -674,43 +674,24 @@ def cmd_train_agent(args: argparse.Namespace) -> int:
             print(f"no reward trend yet: {exc}")
         return 0
     from metarag.evaluate.harness import DatasetSpec
-    from metarag.settings import override, parse_assignments
-    from metarag.train.agent import recipe_settings, run_training
+    from metarag.settings import parse_assignments
+    from metarag.train.agent import run_training, training_settings
 
     if not args.out:
         raise_config("give --out DIR (where the checkpoints go)")
-    import dataclasses
-
-    from metarag.judges.process import ProcessJudgeSettings
-    from metarag.train.rewards import RewardSettings
-
     values: dict = dict(parse_assignments(list(args.set)))
     values.update(method=args.method, reward=args.reward, seed=args.seed)
-    if args.steps is not None:
-        values["steps"] = args.steps
-    if args.vllm is not None:
-        values["vllm"] = args.vllm
-    if args.time_budget is not None:
-        values["time_budget_s"] = args.time_budget
+    given = {"steps": args.steps, "vllm": args.vllm, "time_budget_s": args.time_budget}
+    values.update({k: v for k, v in given.items() if v is not None})
     if args.n_ctx is not None:  # the trainer's own setting is the window; the flag is another way to give it
         if str(values.setdefault("n_ctx", args.n_ctx)) != str(args.n_ctx):
             raise_config(f"--n-ctx {args.n_ctx} and --set n_ctx={values['n_ctx']} disagree: give one")
-    # one --set for all three: a key goes to the reward's or HiPRAG's judges' settings when it is theirs
-    owned = {cls: {f.name for f in dataclasses.fields(cls)} for cls in (RewardSettings, ProcessJudgeSettings)}
-    parts = {cls: {k: v for k, v in values.items() if k in names} for cls, names in owned.items()}
-    settings = override(recipe_settings(args.recipe), {k: v for k, v in values.items()
-                                               if not any(k in names for names in owned.values())},
-                        owner="train-agent")
-    reward_settings = override(RewardSettings(), parts[RewardSettings], owner="train-agent reward")
-    judge_settings = override(ProcessJudgeSettings(), parts[ProcessJudgeSettings], owner="train-agent HiPRAG judges")
-    if parts[ProcessJudgeSettings] and settings.reward != "hiprag":
-        raise_config(f"--set {', '.join(parts[ProcessJudgeSettings])}: HiPRAG's judge settings apply to "
-                     f"--reward hiprag only, not {settings.reward}")
+    settings, reward_settings, judge_settings = training_settings(args.recipe, values)
     spec = DatasetSpec(preset=args.dataset, file=args.dataset_file, format=args.format, corpus=args.corpus,
                        limit=args.limit, seed=args.seed)
     report = run_training(spec, llm_spec_from_args(args), args.out, settings, retriever=args.retriever,
                           allow_any=args.allow_any, dry_run=args.dry_run, reward_settings=reward_settings,
-                          judge_settings=judge_settings if settings.reward == "hiprag" else None,
+                          judge_settings=judge_settings,
                           signal_questions=args.measure_signal)
     print(report if isinstance(report, str) else report.summary())
     return 0
@@ -735,32 +716,9 @@ def cmd_train_router(args: argparse.Namespace) -> int:
 def cmd_calibrate_judges(args: argparse.Namespace) -> int:
     import json
 
-    from metarag.evaluate.calibration import JUDGES, calibrate, calibration_table, judge_samples
-    from metarag.evaluate.harness import DatasetSpec, load_questions
-    from metarag.evaluate.report import load_run
+    from metarag.evaluate.calibration import calibrate_run, calibration_table
 
-    for path in filter(None, [args.run, args.closed_book]):
-        if not (Path(path) / "settings.json").is_file():
-            raise_config(f"{path!r} is not a run folder (runs/<run-id>, holding the settings.json that metarag "
-                         "eval writes)")
-    run = load_run(args.run)
-    if run.settings.get("method") != "metarag":
-        raise_config(f"{args.run!r} is a {run.settings.get('method')!r} run; calibrate-judges reads a metarag run")
-    spec = run.settings["dataset"]
-    preset = spec.get("preset")
-    dataset = load_questions(DatasetSpec(preset, None if preset else spec.get("file"),
-                                         None if preset else spec.get("format"), None if preset else spec.get("corpus"),
-                                         spec.get("limit"), spec.get("seed", 0)))
-    from metarag.train.critic import check_training_split
-
-    check_training_split(dataset, args.allow_any, trained="judge thresholds are chosen")
-    questions = {q.id: q for q in dataset.questions}
-    closed_em = None
-    if args.closed_book:
-        closed = load_run(args.closed_book)
-        closed_em = {r.question_id: r.scores.em for r in closed.results}
-    samples = judge_samples([r.trace for r in run.results], questions, closed_em)
-    results = [calibrate(samples, j) for j in JUDGES if j == "external-sufficiency" or closed_em is not None]
+    results = calibrate_run(args.run, args.closed_book, allow_any=args.allow_any)
     print(calibration_table(results))
     print("\nuse: " + " ".join(f"--set {c.setting}={c.threshold:g}" for c in results))
     if args.out:

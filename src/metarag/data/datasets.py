@@ -293,3 +293,32 @@ def _load_demo() -> Dataset:
                           f"{_DEMO_CORPUS}); reinstall metarag, or use another preset")
     with resources.as_file(questions) as questions_path, resources.as_file(corpus) as corpus_path:
         return load_dataset(questions_path, "hotpotqa", corpus=corpus_path, name=DEMO)
+
+
+# ------------------------------------------------------------------------------- training splits
+TRAINING_PRESETS = frozenset({"hotpotqa-train100", "musique-train100", DEMO})
+# "train" at the start of the name or after a non-letter: "train100_official", "my-train", not "retrain".
+_TRAIN_WORD = re.compile(r"(?<![a-z])train")
+
+
+def check_training_split(dataset: Dataset, allow_any: bool = False, *, trained: str = "a critic is trained") -> None:
+    """Refuse to learn from an evaluation split, so no critic, router, agent or threshold ever sees
+    the questions it is evaluated on. The one rule of every command that learns from questions (train-critic,
+    train-router, train-agent, calibrate-judges); `trained` words the refusal for it.
+
+    The rule: a preset is allowed only if it is one of TRAINING_PRESETS (hotpotqa-train100,
+    musique-train100, demo); any other preset (hotpotqa-dev500, 2wiki-dev1000, bamboogle ...) is
+    refused. A user file is allowed when its name says it is a training split ("train" at the start
+    of the file name or after a non-letter: train.json, hotpotqa_train.json, my-train-set.jsonl);
+    any other file needs `allow_any=True` (`--allow-any`), the user's word that it is.
+    """
+    name = dataset.name
+    if name in TRAINING_PRESETS:
+        return
+    if name in PRESETS:
+        raise ConfigError(f"{name} is an evaluation set: {trained} only on training splits "
+                          f"({', '.join(sorted(TRAINING_PRESETS))}, or a file of your own training questions)")
+    if allow_any or _TRAIN_WORD.search(name.lower()):
+        return
+    raise ConfigError(f"the file {dataset.path} is not named as a training split: rename it to say 'train' "
+                      "(e.g. my_train.json) or pass allow_any=True (--allow-any) if it holds no evaluation questions")

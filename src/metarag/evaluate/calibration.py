@@ -10,7 +10,7 @@ Each judge's recorded P(Yes) is compared with what the judge is asked about, kno
 The threshold kept is the one with the highest balanced accuracy (mean of the recall of both target
 classes: a judge that always says one thing scores 0.5 whatever the class balance), ties going to the
 threshold nearest 0.5, the paper's rule. Candidates are the midpoints between consecutive distinct
-scores, plus 0.5 itself. The run must be over training questions (`train.critic.check_training_split`).
+scores, plus 0.5 itself. The run must be over training questions (`data.datasets.check_training_split`).
 """
 from __future__ import annotations
 
@@ -120,3 +120,33 @@ def calibration_table(results: Sequence[Calibration]) -> str:
 
 def _yes_share(samples: Sequence[Sample], threshold: float) -> float:
     return sum(s.score >= threshold for s in samples) / len(samples)
+
+
+def calibrate_run(run_path: str, closed_book_path: str | None = None, *,
+                  allow_any: bool = False) -> list[Calibration]:
+    """MetaRAG's judge thresholds chosen on a finished `metarag` run over training questions (and, for
+    the internal judge, a closed-book run over the same questions): `calibrate-judges`. A run folder
+    that is not one, a run of another method or an evaluation split is refused before anything is read
+    further (`data.datasets.check_training_split`'s rule)."""
+    from pathlib import Path
+
+    from metarag.data.datasets import check_training_split
+    from metarag.evaluate.harness import run_dataset
+    from metarag.evaluate.report import load_run
+
+    for path in filter(None, [run_path, closed_book_path]):
+        if not (Path(path) / "settings.json").is_file():
+            raise ConfigError(f"{path!r} is not a run folder (runs/<run-id>, holding the settings.json that metarag "
+                              "eval writes)")
+    run = load_run(run_path)
+    if run.settings.get("method") != "metarag":
+        raise ConfigError(f"{run_path!r} is a {run.settings.get('method')!r} run; calibrate-judges reads a metarag run")
+    dataset = run_dataset(run.settings, str(Path(run_path) / "settings.json"), sampled=True)
+    check_training_split(dataset, allow_any, trained="judge thresholds are chosen")
+    questions = {q.id: q for q in dataset.questions}
+    closed_em = None
+    if closed_book_path:
+        closed_em = {r.question_id: r.scores.em for r in load_run(closed_book_path).results}
+    samples = judge_samples([r.trace for r in run.results], questions, closed_em)
+    return [calibrate(samples, j) for j in JUDGES if j == "external-sufficiency" or closed_em is not None]
+

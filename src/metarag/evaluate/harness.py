@@ -137,15 +137,16 @@ def load_questions(spec: DatasetSpec):
     return dataset
 
 
-def run_dataset(settings: Mapping[str, Any], path: str | None = None):
-    """The whole dataset (not the run's sample) that a run's saved `settings.json` names: what a run
-    folder does not keep of its questions (type, hops, supporting passages) is read from it. The
-    saved format of a preset is the preset's own, so only a file's format is passed on. `path` (the
-    settings file) is named when they name no dataset."""
+def run_dataset(settings: Mapping[str, Any], path: str | None = None, *, sampled: bool = False):
+    """The dataset that a run's saved `settings.json` names: the whole dataset (what a run folder does
+    not keep of its questions, type, hops, supporting passages, is read from it), or with `sampled`
+    the run's own seeded sample. The saved format of a preset is the preset's own, so only a file's
+    format is passed on. `path` (the settings file) is named when they name no dataset."""
     saved = settings.get("dataset") if isinstance(settings.get("dataset"), Mapping) else {}
     if not (saved.get("preset") or saved.get("file")):
         raise DataError("the run's settings name no dataset", path=path)
     names = ("preset", "file", "corpus", "allow_unanswerable") + (() if saved.get("preset") else ("format",))
+    names += ("limit", "seed") if sampled else ()
     return load_questions(DatasetSpec(**{k: saved[k] for k in names if saved.get(k) is not None}))
 
 

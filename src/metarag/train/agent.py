@@ -36,7 +36,7 @@ import hashlib
 import json
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -199,16 +199,40 @@ def recipe_settings(name: str, **overrides: Any) -> AgentTrainSettings:
     return AgentTrainSettings(**{**RECIPES[name], **overrides})
 
 
+def training_settings(recipe: str, values: Mapping[str, Any]) -> tuple[AgentTrainSettings, Any, Any]:
+    """The trainer's, the reward's and HiPRAG's step judges' settings from one set of `key=value`
+    overrides on a recipe (`train-agent --recipe R --set ...`): a key goes to the reward's or the
+    judges' settings when it is theirs, else to the trainer's; an unknown key fails naming the owner.
+    The judges' settings are None unless the reward is HiPRAG's (given for another reward: refused)."""
+    import dataclasses
+
+    from metarag.judges.process import ProcessJudgeSettings
+    from metarag.settings import override
+    from metarag.train.rewards import RewardSettings
+
+    owned = {cls: {f.name for f in dataclasses.fields(cls)} for cls in (RewardSettings, ProcessJudgeSettings)}
+    parts = {cls: {k: v for k, v in values.items() if k in names} for cls, names in owned.items()}
+    settings = override(recipe_settings(recipe), {k: v for k, v in values.items()
+                                                  if not any(k in names for names in owned.values())},
+                        owner="train-agent")
+    reward = override(RewardSettings(), parts[RewardSettings], owner="train-agent reward")
+    judges = override(ProcessJudgeSettings(), parts[ProcessJudgeSettings], owner="train-agent HiPRAG judges")
+    if parts[ProcessJudgeSettings] and settings.reward != "hiprag":
+        raise ConfigError(f"--set {', '.join(parts[ProcessJudgeSettings])}: HiPRAG's judge settings apply to "
+                          f"--reward hiprag only, not {settings.reward}")
+    return settings, reward, judges if settings.reward == "hiprag" else None
+
+
 PRECISIONS = {  # precision -> (the weights' torch dtype, TrainingArguments' bf16 autocast)
     "fp32": ("float32", False), "bf16-autocast": ("float32", True), "bf16": ("bfloat16", False)}
 
 
 def check_training_split(name: str, path: str | None, allow_any: bool = False) -> None:
-    """Refuse to train on an evaluation split: `train.critic.check_training_split`'s rule, for the
+    """Refuse to train on an evaluation split: `data.datasets.check_training_split`'s rule, for the
     dataset named `name` (a preset's name, or the file's as the loader names it), read from `path`."""
     from types import SimpleNamespace
 
-    from metarag.train.critic import check_training_split as check
+    from metarag.data.datasets import check_training_split as check
 
     check(SimpleNamespace(name=name, path=path or name), allow_any, trained="the agent is trained")
 

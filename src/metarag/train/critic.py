@@ -23,7 +23,6 @@ import json
 import math
 import os
 import random
-import re
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -33,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from metarag import __version__
-from metarag.data.datasets import DEMO, PRESETS, Dataset
+from metarag.data.datasets import TRAINING_PRESETS, Dataset, check_training_split
 from metarag.errors import BackendError, ConfigError, DataError, MissingDependency
 from metarag.judges.critic import (
     CRITIC_FORMAT,
@@ -66,33 +65,7 @@ __all__ = ["TRAINING_PRESETS", "CriticReport", "CriticTrainSettings", "PracticeE
            "train_critic"]
 
 # The shared presets that are training splits; `demo` is the HotpotQA train100 set shipped in the package.
-TRAINING_PRESETS = frozenset({"hotpotqa-train100", "musique-train100", DEMO})
 PRACTICE_FILE = "practice.jsonl"
-# "train" at the start of the name or after a non-letter: "train100_official", "my-train", not "retrain".
-_TRAIN_WORD = re.compile(r"(?<![a-z])train")
-
-
-def check_training_split(dataset: Dataset, allow_any: bool = False, *, trained: str = "a critic is trained") -> None:
-    """Refuse to self-practice on an evaluation split, so no critic ever sees the questions it is
-    evaluated on. The one rule of every command that learns from questions (train-critic,
-    train-router, train-agent, calibrate-judges); `trained` words the refusal for it.
-
-    The rule: a preset is allowed only if it is one of TRAINING_PRESETS (hotpotqa-train100,
-    musique-train100, demo); any other preset (hotpotqa-dev500, 2wiki-dev1000, bamboogle ...) is
-    refused. A user file is allowed when its name says it is a training split ("train" at the start
-    of the file name or after a non-letter: train.json, hotpotqa_train.json, my-train-set.jsonl);
-    any other file needs `allow_any=True` (`--allow-any`), the user's word that it is.
-    """
-    name = dataset.name
-    if name in TRAINING_PRESETS:
-        return
-    if name in PRESETS:
-        raise ConfigError(f"{name} is an evaluation set: {trained} only on training splits "
-                          f"({', '.join(sorted(TRAINING_PRESETS))}, or a file of your own training questions)")
-    if allow_any or _TRAIN_WORD.search(name.lower()):
-        return
-    raise ConfigError(f"the file {dataset.path} is not named as a training split: rename it to say 'train' "
-                      "(e.g. my_train.json) or pass allow_any=True (--allow-any) if it holds no evaluation questions")
 
 
 # ----------------------------------------------------------------------------------- self-practice
