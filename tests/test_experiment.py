@@ -136,3 +136,13 @@ def test_the_agent_table_retrieves_from_the_wiki_corpus_where_a_benchmark_has_no
     cell = eval_config(experiment, Row("standard-rag"), "bamboogle", tmp_path)
     assert cell.dataset.corpus == f"{SHARED_DATA}/wiki_sample/wiki18_sample1000.jsonl"
     assert eval_config(experiment, Row("standard-rag"), "hotpotqa-dev500", tmp_path).dataset.corpus is None
+
+
+def test_every_experiment_file_loads_and_a_judge_goes_to_every_cell(tmp_path):
+    for file in EXPERIMENTS.glob("*.toml"):
+        experiment = load_experiment(file)
+        assert experiment.reference_row() is not None, file.name
+    agentic = load_experiment(EXPERIMENTS / "agentic.toml")
+    cell = eval_config(agentic, agentic.rows[0], "hotpotqa-dev500", tmp_path)
+    assert cell.judge_llm == "embedded"
+    assert eval_config(load_experiment(EXPERIMENTS / "study.toml"), Row("cot"), "demo", tmp_path).judge_llm is None

@@ -17,6 +17,7 @@ takes comments, so each table says in its own file where its alignment comes fro
     retriever = "bm25"
     columns = ""                         # the report's columns (as --columns; empty: the default)
     breakdown = true                     # each run's judge / decision breakdown under the table
+    judge_llm = "embedded"               # judge every answer with this model (LLM-as-judge accuracy)
 
     [per_dataset.nq-1000]                # what one dataset runs with apart from the rest: a corpus
     corpus = "{data}/wiki_sample/wiki18_sample1000.jsonl"   # file (one without paragraphs of its own;
@@ -41,7 +42,7 @@ from typing import Any
 from metarag.errors import ConfigError, DataError, MetaRAGError
 
 FIELDS = {"name", "title", "reference", "datasets", "limit", "seed", "llm", "threads", "prefix_chunk", "retriever",
-          "columns", "breakdown", "per_dataset", "rows"}
+          "columns", "breakdown", "judge_llm", "per_dataset", "rows"}
 PER_DATASET_FIELDS = {"corpus", "prefix_chunk"}
 ROW_FIELDS = {"method", "settings"}
 
@@ -90,6 +91,7 @@ class Experiment:
     retriever: str = "bm25"
     columns: str = ""
     breakdown: bool = True
+    judge_llm: str | None = None
     per_dataset: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     path: Path | None = None
 
@@ -168,7 +170,7 @@ def experiment_from_dict(raw: Mapping[str, Any], file: Path | None = None) -> Ex
         if not isinstance(options.get("corpus", ""), str) or not isinstance(options.get("prefix_chunk", 0), int):
             raise bad(f"per_dataset.{name}: corpus is a file path, prefix_chunk an integer")
     types = {"name": str, "title": str, "reference": str, "limit": int, "seed": int, "llm": str, "threads": int,
-             "prefix_chunk": int, "retriever": str, "columns": str, "breakdown": bool}
+             "prefix_chunk": int, "retriever": str, "columns": str, "breakdown": bool, "judge_llm": str}
     for key, kind in types.items():
         if key in raw and (not isinstance(raw[key], kind) or (kind is int and isinstance(raw[key], bool))):
             raise bad(f"{key} must be a {kind.__name__}, got {raw[key]!r}")
@@ -177,6 +179,7 @@ def experiment_from_dict(raw: Mapping[str, Any], file: Path | None = None) -> Ex
         title=raw.get("title", ""), limit=raw.get("limit") or None, seed=raw.get("seed", 0),
         llm=raw.get("llm", "embedded"), threads=raw.get("threads"), prefix_chunk=raw.get("prefix_chunk", 0),
         retriever=raw.get("retriever", "bm25"), columns=raw.get("columns", ""), breakdown=raw.get("breakdown", True),
+        judge_llm=raw.get("judge_llm"),
         per_dataset={k: dict(v) for k, v in per_dataset.items()}, path=file)
     if experiment.reference is not None and experiment.reference_row() is None:
         raise bad(f"reference {experiment.reference!r} is none of the rows")
@@ -208,7 +211,8 @@ def eval_config(experiment: Experiment, row: Row, dataset: str, runs_dir: str | 
                       llm=parse_llm_spec(llm or experiment.llm, n_threads=experiment.threads,
                                          response_cache=response_cache,
                                          prefix_chunk=options.get("prefix_chunk", experiment.prefix_chunk)),
-                      retriever=experiment.retriever, overrides=dict(row.settings), runs_dir=str(runs_dir))
+                      retriever=experiment.retriever, overrides=dict(row.settings), runs_dir=str(runs_dir),
+                      judge_llm=experiment.judge_llm)
 
 
 def run_experiment(experiment: Experiment, runs_dir: str | Path, *, rows: Sequence[str] = (),
