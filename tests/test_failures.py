@@ -235,7 +235,7 @@ def test_a_dead_remote_retriever_fails_the_health_check_fast(tmp_path, monkeypat
     no_backoff(monkeypatch)
     dead = RemoteRetriever(f"http://127.0.0.1:{free_port()}")
     with pytest.raises(BackendError, match="retriever health check failed before the first question: retrieval "
-                                           "service at .*/health failed after 1 attempt"):
+                                           "service at .*/health failed after 1 try"):
         evaluate(config(tmp_path), progress=False, llm=reader(), retriever=dead)
 
 
@@ -245,7 +245,7 @@ def test_a_hung_remote_retriever_fails_the_health_check_in_its_timeout():
         listener.listen(8)
         hung = RemoteRetriever(f"http://127.0.0.1:{listener.getsockname()[1]}", timeout_s=30)
         start = time.perf_counter()
-        with pytest.raises(BackendError, match="failed after 1 attempt"):
+        with pytest.raises(BackendError, match="failed after 1 try"):
             hung.check(timeout_s=1)
         # the timeout given, not the client's 30 s: a bound 15x the given one, for a busy machine
         assert time.perf_counter() - start < 15

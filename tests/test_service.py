@@ -120,7 +120,7 @@ def test_a_failing_back_end_gets_500_with_its_message():
         with urllib.request.urlopen(running.url + "/health", timeout=10) as response:
             assert response.status == 200
         # The client retries a 5xx, then says which URL failed and why.
-        with pytest.raises(BackendError, match=rf"{running.url}/retrieve failed after 2 attempt.*the index is gone"):
+        with pytest.raises(BackendError, match=rf"{running.url}/retrieve failed after 2 tries.*the index is gone"):
             RemoteRetriever(running.url, max_retries=1, backoff_s=0.01).search("a", 1)
 
 
@@ -200,7 +200,7 @@ def test_remote_retriever_that_is_down_retries_with_backoff_then_names_the_url(m
     monkeypatch.setattr(time, "sleep", sleeps.append)
     monkeypatch.setattr(urllib.request, "urlopen", lambda *a, **kw: attempts.append(1) or real_urlopen(*a, **kw))
     remote = RemoteRetriever(url, timeout_s=2, max_retries=3, backoff_s=0.05)
-    with pytest.raises(BackendError, match=rf"retrieval service at {url}/retrieve failed after 4 attempt") as caught:
+    with pytest.raises(BackendError, match=rf"retrieval service at {url}/retrieve failed after 4 tries") as caught:
         remote.search("Paris", 3)
     assert "refused" in str(caught.value).lower() and caught.value.retryable
     assert len(attempts) == 4 and sleeps == pytest.approx([0.05, 0.1, 0.2])  # doubling backoff
@@ -223,3 +223,28 @@ def test_serve_names_a_port_it_cannot_listen_on():
         port = taken.getsockname()[1]
         with pytest.raises(BackendError, match=rf"cannot listen on 127.0.0.1:{port}"):
             serve(MemoryRetriever(CITIES), "127.0.0.1", port)
+
+
+def test_retrying_tries_again_only_what_may_pass(monkeypatch):
+    from metarag.errors import retrying
+
+    sleeps: list[float] = []
+    monkeypatch.setattr(time, "sleep", sleeps.append)
+    answers = iter([BackendError("busy", retryable=True), BackendError("busy", retryable=True), "ok"])
+
+    def flaky():
+        answer = next(answers)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    assert retrying(flaky, tries=3, backoff_s=0.5, failed="x failed") == "ok" and sleeps == [0.5, 1.0]
+    calls = []
+
+    def refused():
+        calls.append(1)
+        raise BackendError("HTTP 422", retryable=False)
+
+    with pytest.raises(BackendError, match="HTTP 422") as caught:
+        retrying(refused, tries=5, backoff_s=0.5, failed="x failed")
+    assert len(calls) == 1 and not caught.value.retryable and sleeps == [0.5, 1.0]

@@ -1,6 +1,13 @@
 """The one error tree of metarag: every user-facing failure is one of these, with a one-line message."""
 from __future__ import annotations
 
+import random
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+T = TypeVar("T")
+
 
 class MetaRAGError(Exception):
     """Base of every error metarag raises on purpose; the CLI prints its message and exits non-zero."""
@@ -41,6 +48,26 @@ class BackendError(MetaRAGError):
     def __init__(self, message: str, *, retryable: bool = False):
         super().__init__(message)
         self.retryable = retryable
+
+
+def retrying(attempt: Callable[[], T], *, tries: int, backoff_s: float, failed: str, jitter: float = 0.0) -> T:
+    """`attempt()`, called again while it raises a retryable BackendError, `tries` times at most: the
+    one retry loop of the back-ends (the OpenAI client, the remote retriever). Waits `backoff_s`
+    before the second try, then twice that, and so on, each wait stretched by up to `jitter` of itself
+    at random (clients that failed together do not retry in step). A non-retryable error is raised at
+    once; after the last try, a retryable BackendError "<failed> after <tries> tries: <last error>"."""
+    tries = max(tries, 1)
+    last: BackendError | None = None
+    for n in range(tries):
+        if n:
+            time.sleep(backoff_s * 2 ** (n - 1) * (1 + jitter * random.random()))
+        try:
+            return attempt()
+        except BackendError as exc:
+            if not exc.retryable:
+                raise
+            last = exc
+    raise BackendError(f"{failed} after {tries} {'try' if tries == 1 else 'tries'}: {last}", retryable=True)
 
 
 def close_matches(name: str, valid) -> str:

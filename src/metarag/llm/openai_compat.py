@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import math
 import os
-import random
 import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from metarag.errors import BackendError, ConfigError, MissingDependency
+from metarag.errors import BackendError, ConfigError, MissingDependency, retrying
 from metarag.llm.base import (
     PRUNE_LOGPROB,
     Decoding,
@@ -246,22 +245,21 @@ class OpenAICompatLLM:
     # ------------------------------------------------------------------------------- transport
     def _call(self, method, **kwargs):
         openai, settings = self._openai, self.settings
-        last: Exception | None = None
-        for attempt in range(settings.max_retries + 1):
+
+        def attempt():
             start = time.perf_counter()
             try:
                 return method(**kwargs), time.perf_counter() - start
             except (openai.APIConnectionError, openai.RateLimitError, openai.InternalServerError) as exc:
-                last = exc
+                raise BackendError(_brief(exc), retryable=True) from None
             except openai.APIStatusError as exc:
                 if exc.status_code < 500 and exc.status_code != 429:
                     raise BackendError(f"{settings.base_url} refused the request "
                                        f"(HTTP {exc.status_code}): {_brief(exc)}") from None
-                last = exc
-            if attempt < settings.max_retries:
-                time.sleep(settings.backoff_s * (2 ** attempt) * (1 + 0.1 * random.random()))
-        raise BackendError(f"{settings.base_url} did not answer after {settings.max_retries + 1} tries: "
-                           f"{_brief(last)}", retryable=True)
+                raise BackendError(_brief(exc), retryable=True) from None
+
+        return retrying(attempt, tries=settings.max_retries + 1, backoff_s=settings.backoff_s, jitter=0.1,
+                        failed=f"{settings.base_url} did not answer")
 
     @staticmethod
     def _usage(response, latency: float) -> Usage:

@@ -6,13 +6,12 @@ install on the workers' side.
 from __future__ import annotations
 
 import json
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Collection, Sequence
 from typing import Any
 
-from metarag.errors import BackendError, ConfigError
+from metarag.errors import BackendError, ConfigError, retrying
 from metarag.records import Hit, Passage
 from metarag.retrieve.store import LRUCache, cached_search
 
@@ -88,12 +87,9 @@ class RemoteRetriever:
         """The JSON answer of one request, tried again with backoff when the failure may pass."""
         url = self.url + path
         data = None if body is None else json.dumps(body).encode()
-        attempts = self.max_retries + 1 if attempts is None else attempts
         timeout_s = self.timeout_s if timeout_s is None else timeout_s
-        reason = ""
-        for attempt in range(attempts):
-            if attempt:
-                time.sleep(self.backoff_s * 2 ** (attempt - 1))
+
+        def attempt() -> Any:
             request = urllib.request.Request(url, data=data, method=method,
                                              headers={"Content-Type": "application/json"})
             try:
@@ -104,19 +100,19 @@ class RemoteRetriever:
                 if exc.code not in RETRYABLE_STATUS:
                     raise BackendError(f"retrieval service at {url} refused the request: HTTP {exc.code}: "
                                        f"{message}") from None
-                reason = f"HTTP {exc.code}: {message}"
+                raise BackendError(f"HTTP {exc.code}: {message}", retryable=True) from None
             except urllib.error.URLError as exc:  # refused, unknown host, ...
-                reason = str(exc.reason)
+                raise BackendError(str(exc.reason), retryable=True) from None
             except (TimeoutError, ConnectionError) as exc:  # timed out or dropped mid-answer
-                reason = f"{type(exc).__name__}: {exc}"
-            else:
-                try:
-                    return json.loads(payload)
-                except ValueError:
-                    raise BackendError(f"retrieval service at {url} answered with something other than JSON: "
-                                       f"{payload[:200]!r}") from None
-        raise BackendError(f"retrieval service at {url} failed after {attempts} attempt(s): {reason}",
-                           retryable=True)
+                raise BackendError(f"{type(exc).__name__}: {exc}", retryable=True) from None
+            try:
+                return json.loads(payload)
+            except ValueError:
+                raise BackendError(f"retrieval service at {url} answered with something other than JSON: "
+                                   f"{payload[:200]!r}") from None
+
+        return retrying(attempt, tries=self.max_retries + 1 if attempts is None else attempts,
+                        backoff_s=self.backoff_s, failed=f"retrieval service at {url} failed")
 
 
 def _error_message(exc: urllib.error.HTTPError) -> str:
