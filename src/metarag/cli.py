@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from metarag.errors import MetaRAGError
+from metarag.retrieve.index import RETRIEVERS, check_retriever
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -128,7 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      "--host says otherwise. Evaluations use it with --retriever remote:URL.")
     srv.add_argument("--index", required=True, metavar="DIR", help="the index folder `metarag index build` printed")
     srv.add_argument("--corpus", default=None, help="the corpus file, if the index folder holds no copy of it")
-    srv.add_argument("--retriever", default="bm25", choices=("bm25", "dense", "hybrid"))
+    srv.add_argument("--retriever", default="bm25", choices=RETRIEVERS)
     srv.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1; 0.0.0.0: every "
                      "interface)")
     srv.add_argument("--port", type=port_number, default=8000, help="port, 0..65535 (0: a free one; default: 8000)")
@@ -159,7 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
     tc.add_argument("--limit", type=positive_int, default=None, help="a seeded sample of N questions per dataset")
     tc.add_argument("--seed", type=int, default=0)
     tc.add_argument("--out", required=True, metavar="DIR", help="where the critic and its manifest go")
-    tc.add_argument("--retriever", default="bm25", choices=("bm25", "dense", "hybrid"))
+    tc.add_argument("--retriever", default="bm25", choices=RETRIEVERS)
     tc.add_argument("--allow-any", action="store_true", help="allow a --dataset-file not named as a training split")
     tc.add_argument("--quiet", action="store_true", help="no progress bar")
     add_llm_args(tc)
@@ -181,7 +182,7 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--limit", type=positive_int, default=None, help="a seeded sample of N questions per dataset")
     tr.add_argument("--seed", type=int, default=0)
     tr.add_argument("--out", required=True, metavar="DIR", help="where the router and its manifest go")
-    tr.add_argument("--retriever", default="bm25", choices=("bm25", "dense", "hybrid"))
+    tr.add_argument("--retriever", default="bm25", choices=RETRIEVERS)
     tr.add_argument("--label", default="em", choices=("em", "f1"),
                     help="a strategy is right on exact match (default) or token F1 >= 0.5")
     tr.add_argument("--allow-any", action="store_true", help="allow a --dataset-file not named as a training split")
@@ -232,7 +233,7 @@ def build_parser() -> argparse.ArgumentParser:
                          "(consistency_weight, margin, invalid_penalty, query_confidence_threshold, format_weight, "
                          "process_weight) or a HiPRAG judge setting (judge_model, direct_max_tokens, "
                          "judge_max_tokens); repeatable")
-    ta.add_argument("--retriever", default="bm25", choices=("bm25", "dense", "hybrid"))
+    ta.add_argument("--retriever", default="bm25", choices=RETRIEVERS)
     ta.add_argument("--allow-any", action="store_true", help="allow a --dataset-file not named as a training split")
     ta.add_argument("--plot", metavar="DIR", help="draw the curves of the training run in DIR (DIR/curves.png) "
                     "and exit")
@@ -320,10 +321,11 @@ def positive_int(value: str) -> int:
 
 
 def retriever_name(value: str) -> str:
-    """An argparse type: bm25, dense, hybrid or remote:URL."""
-    if value in ("bm25", "dense", "hybrid") or value.startswith("remote:"):
-        return value
-    raise argparse.ArgumentTypeError(f"unknown retriever {value!r}; valid: bm25, dense, hybrid, remote:URL")
+    """An argparse type: a retriever's name (`retrieve.index.RETRIEVERS`) or remote:URL."""
+    try:
+        return check_retriever(value)
+    except MetaRAGError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def add_method_args(p: argparse.ArgumentParser) -> None:

@@ -9,16 +9,16 @@ from collections.abc import Callable, Sequence
 from importlib import resources
 from pathlib import Path
 
-from metarag.errors import ConfigError, close_matches
+from metarag.errors import ConfigError
 from metarag.llm.base import LLM
 from metarag.llm.registry import LLMSpec, make_llm
 from metarag.methods.registry import CLOSED_BOOK, build_method
 from metarag.methods.runner import Method, Runtime, run
 from metarag.records import Passage, Question, Step, Trace
 from metarag.retrieve.base import Retriever
+from metarag.retrieve.index import REMOTE, check_retriever
 from metarag.settings import parse_assignments
 
-RETRIEVERS = ("bm25", "dense", "hybrid")
 DEMO_CORPUS = "hotpotqa_train100_corpus.jsonl"
 DEMO_QUESTIONS = "hotpotqa_train100.json"
 
@@ -51,12 +51,10 @@ def open_retriever(passages: list[Passage], kind: str = "bm25", index_dir: str |
     `remote:URL` is a `metarag serve-retriever` service (its index, not `passages`, answers)."""
     from metarag.retrieve import index
 
-    if kind.startswith("remote:"):
+    if check_retriever(kind).startswith(REMOTE):
         from metarag.retrieve.remote import RemoteRetriever
 
-        return RemoteRetriever(kind.split(":", 1)[1])
-    if kind not in RETRIEVERS:
-        raise ConfigError(f"unknown retriever {kind!r}{close_matches(kind, RETRIEVERS)}")
+        return RemoteRetriever(kind.removeprefix(REMOTE))
     root = Path(index_dir) if index_dir else index.default_index_dir(passages)
     opener = {"bm25": index.open_bm25, "dense": index.open_dense, "hybrid": index.open_hybrid}[kind]
     return opener(passages, root)
@@ -89,8 +87,7 @@ def build_indexes(corpus: str | Path | None, kinds: Sequence[str], index_dir: st
 
     kinds = [k.strip() for k in kinds if k.strip()]
     for kind in kinds:
-        if kind not in RETRIEVERS:
-            raise ConfigError(f"unknown retriever {kind!r}{close_matches(kind, RETRIEVERS)}")
+        check_retriever(kind, remote=False)
     passages = load_passages(corpus)
     root = Path(index_dir) if index_dir else index.default_index_dir(passages)
     index.save_corpus(root, passages)  # so `metarag serve-retriever --index ROOT` needs no --corpus

@@ -44,7 +44,10 @@ INDEX_FORMAT = 1
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 CORPUS_FILE = "corpus.jsonl"
 CORPUS_META_FILE = "corpus.json"
-SAVED_KINDS = ("bm25", "dense", "hybrid")
+# The retrievers an index directory provides, by name; "remote:URL" names a retrieval service instead
+# (`metarag serve-retriever`). The one list the CLI, the pipeline and the trainers check names against.
+RETRIEVERS = ("bm25", "dense", "hybrid")
+REMOTE = "remote:"
 
 
 class _Saveable(Protocol):
@@ -160,8 +163,7 @@ def open_saved(index_dir: str | os.PathLike[str], kind: str = "bm25",
     from metarag.retrieve.bm25 import BM25Settings
     from metarag.retrieve.dense import DenseSettings
 
-    if kind not in SAVED_KINDS:
-        raise ConfigError(f"unknown retriever {kind!r}{close_matches(kind, SAVED_KINDS)}")
+    check_retriever(kind, remote=False)
     root = Path(index_dir)
     if (root / FINGERPRINT_FILE).is_file():  # given one index's folder: its parent holds them all
         root = root.parent
@@ -189,6 +191,15 @@ def open_saved(index_dir: str | os.PathLike[str], kind: str = "bm25",
     if kind == "dense":
         return open_dense(passages, root, dense, show_progress=False, build=False)
     return open_hybrid(passages, root, fusion, bm25, dense, show_progress=False, build=False)
+
+
+def check_retriever(name: str, *, remote: bool = True) -> str:
+    """`name` when it names a retriever (one of RETRIEVERS, or remote:URL where `remote` allows it),
+    else ConfigError with the close matches."""
+    if name in RETRIEVERS or (remote and name.startswith(REMOTE)):
+        return name
+    valid = [*RETRIEVERS, f"{REMOTE}URL"] if remote else RETRIEVERS
+    raise ConfigError(f"unknown retriever {name!r}{close_matches(name, valid)}")
 
 
 def save_corpus(index_dir: str | os.PathLike[str], passages: Sequence[Passage]) -> Path:

@@ -426,12 +426,11 @@ def training_sets(datasets: Sequence[DatasetSpec], retriever: str, llm_spec: LLM
     from. Returns the LLM spec (the default when None) and the loaded datasets."""
     from metarag.evaluate.harness import load_questions
     from metarag.llm.registry import LLMSpec, check_spec
-    from metarag.pipeline import RETRIEVERS
+    from metarag.retrieve.index import check_retriever
 
     if not datasets:
         raise ConfigError("give at least one training dataset (--dataset PRESET or --dataset-file PATH)")
-    if retriever not in RETRIEVERS:
-        raise ConfigError(f"unknown retriever {retriever!r}; valid: {', '.join(RETRIEVERS)}")
+    check_retriever(retriever, remote=False)
     llm_spec = llm_spec if llm_spec is not None else LLMSpec()
     check_spec(llm_spec)
     loaded = [load_questions(spec) for spec in datasets]
