@@ -1,6 +1,7 @@
 """Shared fixtures: a small hand-made corpus, a scripted LLM, and an isolated METARAG_HOME."""
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
@@ -87,3 +88,17 @@ def sample20():
         data = resolve_preset("demo")
     data = sample(data, 20, 0)
     return list(data.questions), MemoryRetriever(list(data.passages))
+
+
+@pytest.fixture
+def notes(caplog):
+    """The library's notes and warnings (its `metarag.*` log lines at INFO and above: an index built and
+    why, a run resumed or waiting) since the last call, as the CLI shows them on stderr."""
+    caplog.set_level(logging.INFO, logger="metarag")
+
+    def read() -> str:
+        text = "".join(f"{record.getMessage()}\n" for record in caplog.records)
+        caplog.clear()
+        return text
+
+    return read

@@ -415,7 +415,7 @@ def test_ask_prints_its_error_on_stderr(monkeypatch, capsys):
     assert captured.err.strip() == "metarag: error: BackendError: the server is gone"
 
 
-def test_unmapped_support_is_reported_and_kept_in_the_manifest(tmp_path, capsys):
+def test_unmapped_support_is_reported_and_kept_in_the_manifest(tmp_path, notes):
     from metarag.evaluate.harness import DatasetSpec, EvalConfig, evaluate
     from metarag.llm.scripted import ScriptedLLM
 
@@ -425,7 +425,7 @@ def test_unmapped_support_is_reported_and_kept_in_the_manifest(tmp_path, capsys)
     path.write_text(json.dumps(records))
     config = EvalConfig("closed-book", DatasetSpec(file=str(path)), runs_dir=str(tmp_path / "runs"))
     store, results = evaluate(config, progress=False, llm=ScriptedLLM([], default="Paris"))
-    assert "dev: 1 supporting paragraphs have no passage in the pool" in capsys.readouterr().err
+    assert "dev: 1 supporting paragraphs have no passage in the pool" in notes()
     assert store.read_json("manifest.json")["unmapped_support"] == 1
 
 

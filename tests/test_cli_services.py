@@ -19,7 +19,9 @@ def test_index_build_then_serve_then_remote_search(tmp_path, capsys, corpus):
     path.write_text("".join(json.dumps({"id": p.id, "title": p.title, "text": p.text}) + "\n" for p in corpus))
     index_dir = tmp_path / "index"
     assert main(["index", "build", "--corpus", str(path), "--retrievers", "bm25", "--index-dir", str(index_dir)]) == 0
-    assert "bm25: 5 passages" in capsys.readouterr().out
+    out, err = capsys.readouterr()
+    # the library's note (a log line) reaches stderr as it read when it was printed
+    assert "bm25: 5 passages" in out and f"metarag: building bm25 index in {index_dir / 'bm25'}" in err
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     argv = [sys.executable, "-m", "metarag.cli", "serve-retriever", "--index", str(index_dir), "--port", str(port)]

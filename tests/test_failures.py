@@ -385,7 +385,7 @@ def test_a_second_writer_is_refused_naming_the_holder_and_the_file_has_one_line_
     assert len(json.loads((run / "manifest.json").read_text())["sessions"]) == 1
 
 
-def test_wait_waits_for_the_holder_then_finds_the_run_done(tmp_path, capsys):
+def test_wait_waits_for_the_holder_then_finds_the_run_done(tmp_path, notes):
     proc, data, run = start_holder(tmp_path, 0.2)
     try:
         cfg = EvalConfig(method="standard-rag", dataset=DatasetSpec(file=str(data)), runs_dir=str(tmp_path / "runs"),
@@ -394,7 +394,7 @@ def test_wait_waits_for_the_holder_then_finds_the_run_done(tmp_path, capsys):
         store, results = evaluate(cfg, progress=False, llm=llm)
         # it got the lock only when the holder released it, done: nothing was left to ask
         assert llm.prompts == [] and len(results) == 6 and proc.wait(timeout=30) == 0
-        assert f"waiting for pid {proc.pid}" in capsys.readouterr().err
+        assert f"waiting for pid {proc.pid}" in notes()
     finally:
         proc.wait(timeout=60)
     assert len((run / "results.jsonl").read_text().splitlines()) == 6

@@ -168,15 +168,15 @@ def snapshot(folder: Path) -> dict[str, tuple[int, int]]:
 
 
 @needs_bm25s
-def test_open_bm25_reuses_a_matching_index(tmp_path, capsys, count_bm25_builds):
+def test_open_bm25_reuses_a_matching_index(tmp_path, notes, count_bm25_builds):
     from metarag.retrieve.index import index_stats, open_bm25
 
     idx = tmp_path / "idx"
     first = open_bm25(CITIES, idx)
-    assert "building bm25 index" in capsys.readouterr().err
+    assert "building bm25 index" in notes()
     files = snapshot(idx / "bm25")
     again = open_bm25(list(CITIES), idx)
-    assert capsys.readouterr().err == ""
+    assert notes() == ""
     assert len(count_bm25_builds) == 1 and snapshot(idx / "bm25") == files
     assert [again.search(q, 3) for q in QUERIES] == [first.search(q, 3) for q in QUERIES]
     assert first.index_dir == again.index_dir == idx / "bm25"
@@ -186,7 +186,7 @@ def test_open_bm25_reuses_a_matching_index(tmp_path, capsys, count_bm25_builds):
 
 
 @needs_bm25s
-def test_open_bm25_rebuilds_when_corpus_or_settings_change(tmp_path, capsys, count_bm25_builds):
+def test_open_bm25_rebuilds_when_corpus_or_settings_change(tmp_path, notes, count_bm25_builds):
     from metarag.retrieve.bm25 import BM25Settings
     from metarag.retrieve.index import open_bm25
 
@@ -194,10 +194,10 @@ def test_open_bm25_rebuilds_when_corpus_or_settings_change(tmp_path, capsys, cou
     open_bm25(CITIES, idx)
     changed = CITIES[:-1] + [replace(CITIES[-1], text="Mars is the red planet, home of Olympus Mons.")]
     retriever = open_bm25(changed, idx)
-    assert "corpus_sha256 changed" in capsys.readouterr().err
+    assert "corpus_sha256 changed" in notes()
     assert ids(retriever.search("Olympus", 3)) == ["p7"] and retriever.search("fourth", 3) == []
     open_bm25(changed, idx, BM25Settings(k1=1.2))
-    assert "settings changed" in capsys.readouterr().err
+    assert "settings changed" in notes()
     assert len(count_bm25_builds) == 3
     # Nothing but the live index is left behind.
     assert [p.name for p in idx.iterdir()] == ["bm25"]
@@ -223,18 +223,18 @@ def test_interrupted_build_leaves_no_index(tmp_path, monkeypatch):
 
 
 @needs_bm25s
-def test_incomplete_or_damaged_folder_is_rebuilt(tmp_path, capsys):
+def test_incomplete_or_damaged_folder_is_rebuilt(tmp_path, notes):
     from metarag.retrieve.index import open_bm25
 
     idx = tmp_path / "idx"
     (idx / "bm25").mkdir(parents=True)
     (idx / "bm25" / "params.index.json").write_text("{}")
     assert ids(open_bm25(CITIES, idx).search("Paris", 1)) == ["p1"]
-    assert "fingerprint is missing" in capsys.readouterr().err
+    assert "fingerprint is missing" in notes()
     # A complete index that later loses a file is rebuilt too.
     (idx / "bm25" / "data.csc.index.npy").unlink()
     assert ids(open_bm25(CITIES, idx).search("Paris", 1)) == ["p1"]
-    assert "it is unreadable" in capsys.readouterr().err
+    assert "it is unreadable" in notes()
 
 
 def test_default_index_dir_lives_under_metarag_home(tmp_path, monkeypatch):
@@ -301,17 +301,17 @@ def test_dense_save_load_round_trip(dense, tmp_path):
 
 @pytest.mark.embedded
 @needs_dense
-def test_open_dense_reuses_a_matching_index(tmp_path, capsys):
+def test_open_dense_reuses_a_matching_index(tmp_path, notes):
     from metarag.retrieve.index import open_dense
 
     idx = tmp_path / "idx"
     first = open_dense(CITIES, idx, show_progress=False)
     [folder] = idx.iterdir()
     assert first.index_dir == folder
-    assert folder.name.startswith("dense-") and "building dense index" in capsys.readouterr().err
+    assert folder.name.startswith("dense-") and "building dense index" in notes()
     files = snapshot(folder)
     again = open_dense(CITIES, idx, show_progress=False)
-    assert capsys.readouterr().err == "" and snapshot(folder) == files
+    assert notes() == "" and snapshot(folder) == files
     assert ids(again.search("famous paintings", 2)) == ids(first.search("famous paintings", 2))
 
 
@@ -435,7 +435,7 @@ def test_ann_index_beyond_the_threshold_agrees_with_flat():
 
 
 @needs_faiss
-def test_open_dense_saves_the_ann_index_and_search_settings_do_not_rebuild(tmp_path, encoders, capsys):
+def test_open_dense_saves_the_ann_index_and_search_settings_do_not_rebuild(tmp_path, encoders, notes):
     import json
 
     from metarag.retrieve.index import open_dense
@@ -446,16 +446,16 @@ def test_open_dense_saves_the_ann_index_and_search_settings_do_not_rebuild(tmp_p
     built = open_dense(passages, idx, dense_settings(folders["enc-a"], ann_threshold=50), show_progress=False)
     fingerprint = json.loads((built.index_dir / "fingerprint.json").read_text())
     assert fingerprint["settings"]["index"] == {"type": "hnsw", "m": 32, "ef_construction": 80}
-    assert "building dense index" in capsys.readouterr().err
+    assert "building dense index" in notes()
     # Search-time settings (ef_search, query prefix, cache size) reuse the saved index.
     again = open_dense(passages, idx, dense_settings(folders["enc-a"], ann_threshold=50, hnsw_ef_search=16,
                                                      query_prefix="q: ", cache_size=0), show_progress=False)
-    assert capsys.readouterr().err == ""
+    assert notes() == ""
     assert again.index_type == "hnsw" and again._index.hnsw.efSearch == 16
     assert again.settings.query_prefix == "q: " and again.cache.size == 0
     # A threshold that makes the corpus small again means a flat index: rebuilt.
     flat = open_dense(passages, idx, dense_settings(folders["enc-a"], ann_threshold=500), show_progress=False)
-    assert "settings changed" in capsys.readouterr().err and flat.index_type == "flat"
+    assert "settings changed" in notes() and flat.index_type == "flat"
 
 
 @needs_faiss

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -11,6 +12,7 @@ from metarag.retrieve.index import RETRIEVERS, check_retriever
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    show_library_notes()
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "handler", None):
@@ -24,6 +26,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("metarag: interrupted", file=sys.stderr)
         return 130
+
+
+class _StderrLines(logging.Handler):
+    """Each record as one plain line on the current `sys.stderr`, as the library's notes read when it
+    printed them (the stream looked up at each line, so a redirected stderr gets them too)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        print(self.format(record), file=sys.stderr)
+
+
+def show_library_notes() -> None:
+    """Let the library's notes and warnings (`logging.getLogger(__name__)` in each module: an index
+    being built, a run resumed, questions left out) reach stderr at INFO; other packages' logs are
+    left as they are. Once per process."""
+    logger = logging.getLogger("metarag")
+    if not any(isinstance(h, _StderrLines) for h in logger.handlers):
+        logger.addHandler(_StderrLines())
+    logger.setLevel(logging.INFO)
 
 
 def build_parser() -> argparse.ArgumentParser:

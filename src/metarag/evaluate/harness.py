@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import hashlib
+import logging
 import os
 import queue
 import subprocess
@@ -33,6 +34,7 @@ from metarag.metrics import AnswerScores, score_answer, support_recall
 from metarag.records import Question, Trace
 from metarag.settings import artifact_digests, check_ranges, setting, settings_hash, to_plain
 
+log = logging.getLogger(__name__)
 ZERO = AnswerScores(0.0, 0.0, 0.0, 0.0, 0.0)
 
 
@@ -237,14 +239,14 @@ def evaluate(config: EvalConfig, *, progress: bool = True, llm=None, retriever=N
     The run folder is locked for the whole session: one writer per run, or per shard of a sharded run."""
     store, method, dataset, resolved = prepare(config)
     if dataset.unmapped_support:
-        print(f"{dataset.name}: {dataset.unmapped_support} supporting paragraphs have no passage in the pool "
-              "(support recall counts them as missed)", file=sys.stderr)
+        log.warning(f"{dataset.name}: {dataset.unmapped_support} supporting paragraphs have no passage in the pool "
+                    "(support recall counts them as missed)")
     ids = [q.id for q in dataset.questions]
     if len(set(ids)) != len(ids):
         raise DataError("question ids are not unique", path=dataset.path)
 
     def waiting(holder) -> None:
-        print(f"waiting for {describe_holder(holder)} to finish with {store.path}", file=sys.stderr)
+        log.info(f"waiting for {describe_holder(holder)} to finish with {store.path}")
 
     with store.lock(wait=config.wait, on_wait=waiting) as holder:
         with store.folder_lock():  # the shards of a run start together: one of them writes what they share
@@ -310,7 +312,7 @@ def _session(config: EvalConfig, store: RunStore, method: Method, dataset, resol
     if done or retrying:
         again = f", retrying {retrying} failed" if retrying else ""
         what = f"answers ({k} per question)" if k > 1 else "questions"
-        print(f"resuming {store.path}: {len(done)} of {total} {what}{of_shard} done{again}", file=sys.stderr)
+        log.info(f"resuming {store.path}: {len(done)} of {total} {what}{of_shard} done{again}")
     session = {"started": _now(), "questions_todo": len(todo), "retrying": retrying, "argv": sys.argv,
                "pid": holder["pid"], "host": holder["host"]}
     if k > 1:

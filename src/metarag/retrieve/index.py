@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import shutil
-import sys
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from metarag.retrieve.dense import DenseRetriever, DenseSettings
     from metarag.retrieve.fusion import FusionRetriever, FusionSettings
 
+log = logging.getLogger(__name__)
 FINGERPRINT_FILE = "fingerprint.json"
 # Bump when the saved layout changes, so older folders are rebuilt rather than misread.
 INDEX_FORMAT = 1
@@ -278,7 +279,7 @@ def _open(folder: Path, expected: dict[str, Any], build: Callable[[], R] | None,
                             path=str(folder))
         changed = [key for key in expected if stored.get(key) != expected[key]]
         reason = f"{', '.join(changed)} changed"
-    print(f"metarag: building {expected['kind']} index in {folder}: {reason}", file=sys.stderr)
+    log.info(f"metarag: building {expected['kind']} index in {folder}: {reason}")
     retriever = build()
 
     def write(tmp: Path) -> None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import json
+import logging
 import math
 import os
 import random
@@ -59,6 +60,7 @@ if TYPE_CHECKING:
     from metarag.evaluate.harness import DatasetSpec
     from metarag.llm.registry import LLMSpec
 
+log = logging.getLogger(__name__)
 # `load_critic` lives with the critic it loads (judges/critic.py); it is re-exported here beside the trainer.
 __all__ = ["TRAINING_PRESETS", "CriticReport", "CriticTrainSettings", "PracticeExample", "PracticeSettings",
            "check_training_split", "load_critic", "load_examples", "run_training", "self_practice",
@@ -456,8 +458,6 @@ def run_training(datasets: Sequence[DatasetSpec], out_dir: str | Path, *, llm_sp
     `train_critic`); questions whose practice failed are left out and counted on stderr.
     `llm` / `encoder` replace the built ones (tests).
     """
-    import sys
-
     from metarag.evaluate.harness import EvalConfig, evaluate, failure_summary
 
     llm_spec, loaded = training_sets(datasets, retriever, llm_spec, allow_any)
@@ -477,7 +477,7 @@ def run_training(datasets: Sequence[DatasetSpec], out_dir: str | Path, *, llm_sp
         store, results = evaluate(config, progress=progress, llm=llm)
         failed = failure_summary(results)
         if failed:
-            print(f"self-practice on {dataset.name}: {failed}", file=sys.stderr)
+            log.warning(f"self-practice on {dataset.name}: {failed}")
         questions = {q.id: q for q in dataset.questions}
         for result in results:
             examples += practice_examples(dataset.name, questions[result.question_id], result.trace, practice)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import json
+import logging
 import os
 import random
 from collections import Counter
@@ -51,6 +52,7 @@ if TYPE_CHECKING:
     from metarag.llm.base import LLM
     from metarag.llm.registry import LLMSpec
 
+log = logging.getLogger(__name__)
 __all__ = ["ROUTER_FORMAT", "RouterExample", "RouterReport", "RouterTrainSettings", "TrainedRouter", "load_router",
            "run_router_training", "silver_label", "train_router"]
 
@@ -224,8 +226,6 @@ def run_router_training(datasets: Sequence[DatasetSpec], out_dir: str | Path, *,
     default `out_dir/strategy-runs`; a re-run resumes). A question any strategy failed on is left out
     (counted on stderr). The labelled questions go to `out_dir/router_examples.jsonl`.
     """
-    import sys
-
     from metarag.evaluate.harness import EvalConfig, evaluate
 
     llm_spec, loaded = training_sets(datasets, retriever, llm_spec, allow_any, trained="a router is trained")
@@ -250,7 +250,7 @@ def run_router_training(datasets: Sequence[DatasetSpec], out_dir: str | Path, *,
             strategy_runs.append({"dataset": dataset.name, "route": route, "path": str(store.path),
                                   "model_identity": manifest.get("model_identity")})
         if failed:
-            print(f"{dataset.name}: {len(failed)} questions left out (a strategy failed on them)", file=sys.stderr)
+            log.warning(f"{dataset.name}: {len(failed)} questions left out (a strategy failed on them)")
         multi_hop = dataset.format in MULTI_HOP_FORMATS
         for question in dataset.questions:
             if question.id in failed or question.id not in correct:
