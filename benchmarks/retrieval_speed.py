@@ -6,13 +6,15 @@ questions, indexes the corpus once with bm25s, and reports queries per second fo
   (c) rank_bm25's BM25Okapi get_scores + argsort (on a subset: it scores every passage in Python),
 plus our overhead over raw bm25s and how much faster raw bm25s is than rank_bm25.
 
-Scale mode (`--scale [N]`, N = 1,000,000 unless given): a synthetic corpus of N passages (seeded
-Zipf-distributed random words, 20-30 per passage) and reports
-  * BM25 index build time and size, and peak memory (VmHWM, measured in a fresh child process per
-    case) of loading the index with and without memory-mapping;
+Scale mode (`--scale [N]` or `--passages N`, N = 1,000,000 unless given): a synthetic corpus of N
+passages (seeded Zipf-distributed random words, `--words` 20-30 per passage) and reports, for the
+`--parts` asked (all by default):
+  * BM25 index build time, size and this process's peak memory, and peak memory (VmHWM, measured
+    in a fresh child process per case) of loading the index with and without memory-mapping;
   * BM25 queries/s, ours against raw bm25s on the same memory-mapped index;
-  * dense: FAISS HNSW against flat search speed and HNSW recall@10, over synthetic unit vectors of
-    dimension 384 (encoding N passages with MiniLM on 2 cores would take hours), over the first
+  * dense: FAISS flat against each `--dense-index` type (hnsw, ivfpq): build and training time,
+    index size, search speed and recall@10 against flat, over synthetic unit vectors of dimension
+    384 (encoding N passages with MiniLM on 2 cores would take hours), over the first
     `--dense-scale` passages;
   * hybrid (RRF of BM25 and HNSW top 100, top 5 kept) queries/s with precomputed query embeddings,
     plus MiniLM's query-encoding time measured on its own;
@@ -21,11 +23,15 @@ Zipf-distributed random words, 20-30 per passage) and reports
 
     PYTHONPATH=src python benchmarks/retrieval_speed.py [--data DIR] [--k 10]
     PYTHONPATH=src python benchmarks/retrieval_speed.py --scale [N] [--dense-scale M]
+    PYTHONPATH=src python benchmarks/retrieval_speed.py --passages 5000000 --words 10-15 --parts bm25
+    PYTHONPATH=src python benchmarks/retrieval_speed.py --passages 1000000 --parts dense \
+        --dense-scale 1000000 --dense-index ivfpq
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import os
 import signal
@@ -91,11 +97,28 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mode", choices=("2wiki", "scale"), default="2wiki",
                         help="2wiki: BM25 on the 2Wiki corpus (default); scale: every back-end on N synthetic passages")
-    parser.add_argument("--scale", type=int, nargs="?", const=1_000_000, default=None, metavar="N",
+    parser.add_argument("--scale", "--passages", type=int, nargs="?", const=1_000_000, default=None, metavar="N",
                         help="scale mode over N synthetic passages (default N: 1,000,000)")
+    parser.add_argument("--words", default="20-30", metavar="MIN-MAX",
+                        help="scale mode: words per synthetic passage (default 20-30; fewer keep a 5M-passage "
+                             "build within a memory budget: bm25s's build holds ~60 bytes per posting)")
+    parser.add_argument("--parts", default="bm25,dense,hybrid,remote",
+                        help="scale mode: which measurements, comma-separated (default: all of "
+                             "bm25,dense,hybrid,remote; hybrid needs bm25 and dense, remote needs bm25)")
     parser.add_argument("--dense-scale", type=int, default=200_000, metavar="M",
                         help="scale mode: passages given dense vectors (default 200,000: building HNSW over 1M "
                              "random 384-d vectors takes over 15 minutes on 2 cores)")
+    parser.add_argument("--dense-index", default="hnsw", metavar="TYPES",
+                        help="scale mode: approximate index types compared with flat, comma-separated: hnsw, "
+                             "ivfpq (default: hnsw; the hybrid part needs hnsw)")
+    parser.add_argument("--pq-m", default="0", metavar="M,...",
+                        help="scale mode, ivfpq: code counts to compare, comma-separated (default 0: dim/8)")
+    parser.add_argument("--dense-queries", type=int, default=0, metavar="Q",
+                        help="scale mode: queries the dense indexes are timed on (default: all --queries; flat "
+                             "search over 1M vectors takes ~0.1-0.5 s a query)")
+    parser.add_argument("--faiss-threads", type=int, default=0,
+                        help="scale mode: FAISS OpenMP threads (default: FAISS's own, one per core; on a loaded "
+                             "machine 1 avoids threads spinning against each other)")
     parser.add_argument("--vectors", choices=("structured", "uniform"), default="structured",
                         help="scale mode: synthetic embeddings with low intrinsic dimension, like real ones "
                              "(default), or uniform on the sphere (the worst case for HNSW)")
@@ -261,8 +284,10 @@ def print_table(title: str, headers: Sequence[str], rows: Sequence[Sequence[obje
     sys.stdout.flush()
 
 
-def synthetic_corpus(n: int, queries: int, rng: np.random.Generator) -> tuple[list[Passage], list[str]]:
-    """N passages of 20-30 words and `queries` queries of 3-6 words, drawn from a Zipf(1) vocabulary.
+def synthetic_corpus(n: int, queries: int, rng: np.random.Generator, words_per_passage: tuple[int, int] = (20, 30)
+                     ) -> tuple[list[Passage], list[str]]:
+    """N passages of 20-30 words (or `words_per_passage`, inclusive) and `queries` queries of 3-6 words,
+    drawn from a Zipf(1) vocabulary.
 
     Queries skip the 100 most frequent words, as real queries mostly do stopwords.
     """
@@ -274,12 +299,17 @@ def synthetic_corpus(n: int, queries: int, rng: np.random.Generator) -> tuple[li
     rng.shuffle(words)  # the rank order must not be alphabetical
     probs = 1.0 / np.arange(1, VOCABULARY + 1)
     probs /= probs.sum()
-    lengths = rng.integers(20, 31, n)
-    drawn = [words[i] for i in rng.choice(VOCABULARY, size=int(lengths.sum()), p=probs).tolist()]
-    ends = np.cumsum(lengths).tolist()
-    passages = [Passage(f"p{i}", "", " ".join(drawn[end - length:end]))
-                for i, (end, length) in enumerate(zip(ends, lengths.tolist()))]
-    del drawn
+    lengths = rng.integers(words_per_passage[0], words_per_passage[1] + 1, n)
+    passages = []
+    # A million passages' words at a time: all of 5M at once is a 1 GB list of pointers. For up to a
+    # million passages the draws are those of one batch, so earlier corpora are unchanged.
+    for first in range(0, n, 1_000_000):
+        part = lengths[first:first + 1_000_000]
+        drawn = [words[i] for i in rng.choice(VOCABULARY, size=int(part.sum()), p=probs).tolist()]
+        ends = np.cumsum(part).tolist()
+        passages.extend(Passage(f"p{first + i}", "", " ".join(drawn[end - length:end]))
+                        for i, (end, length) in enumerate(zip(ends, part.tolist())))
+        del drawn
     tail = probs[100:] / probs[100:].sum()
     texts = [" ".join(words[100 + i] for i in rng.choice(VOCABULARY - 100, size=size, p=tail))
              for size in rng.integers(3, 7, queries)]
@@ -319,6 +349,15 @@ def measure_memory(folder: Path, mmap: bool, queries: Sequence[str], k: int) -> 
     finally:
         os.unlink(f.name)
     return json.loads(out.strip().splitlines()[-1])
+
+
+def own_memory(key: str) -> int:
+    """This process's VmRSS or VmHWM (peak resident) in bytes, from /proc/self/status."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) * 1024
+    return 0
 
 
 def per_query_ms(run_one: Callable[[str], object], queries: Sequence[str]) -> float:
@@ -371,208 +410,275 @@ class ServiceProcess:
             self.child.wait()
 
 
+def dense_comparison(args: argparse.Namespace, passages: Sequence[Passage], queries: Sequence[str],
+                     timed: Sequence[str], rng: np.random.Generator) -> Any:
+    """Flat against each of `--dense-index` over `--dense-scale` synthetic vectors: build (and train)
+    time, index memory, ms/query and recall@k against flat; returns the HNSW retriever (or None)."""
+    import faiss
+
+    from metarag.retrieve.dense import DenseRetriever, DenseSettings, index_spec, make_index, with_index_type
+
+    if args.faiss_threads:
+        faiss.omp_set_num_threads(args.faiss_threads)
+    kinds = [k.strip() for k in args.dense_index.split(",") if k.strip()]
+    m = min(args.dense_scale, len(passages))
+    log(f"making {m:,} synthetic {DIM}-d vectors ({args.vectors})")
+    vectors, query_vectors = synthetic_vectors(m, len(queries), args.vectors, rng)
+    encoder = LookupEncoder(dict(zip(queries, query_vectors)))
+    dense_queries = list(timed[:args.dense_queries or len(timed)])
+
+    def index_mb(index: Any) -> str:
+        return f"{faiss.serialize_index(index).nbytes / 1e6:,.0f}"
+
+    def timed_build(settings: DenseSettings, spec: dict[str, Any]) -> tuple[DenseRetriever, float, float]:
+        before = own_memory("VmRSS")
+        start = time.perf_counter()
+        retriever = DenseRetriever(passages[:m], make_index([vectors], spec), encoder, settings)
+        return retriever, time.perf_counter() - start, (own_memory("VmRSS") - before) / 1e6
+
+    def recall(retriever: DenseRetriever, exact: list) -> float:
+        got = retriever.search_many(dense_queries, args.k)
+        return statistics.mean(len({h.passage.id for h in g} & {h.passage.id for h in e}) / args.k
+                               for g, e in zip(got, exact))
+
+    base = DenseSettings(cache_size=0)
+    log("building the flat index")
+    flat, flat_s, flat_rss = timed_build(base, {"type": "flat"})
+    log("timing flat search")
+    for q in dense_queries[:5]:  # warm-up
+        flat.search(q, args.k)
+    flat_ms = per_query_ms(lambda q: flat.search(q, args.k), dense_queries)
+    exact = flat.search_many(dense_queries, args.k)
+    rows = [["flat (exact)", f"{flat_s:.1f}", index_mb(flat._index), f"{flat_rss:,.0f}", "-", f"{flat_ms:.2f}",
+             "1.000"]]
+    hnsw = None
+    for kind in kinds:
+        if kind == "hnsw":
+            settings = with_index_type(base, "hnsw")
+            spec = index_spec(m, settings)
+            log(f"building the HNSW index ({spec})")
+            hnsw, build_s, rss = timed_build(settings, spec)
+            for ef in (32, 64, 128, 256):
+                hnsw._index.hnsw.efSearch = ef
+                ms = per_query_ms(functools.partial(hnsw.search, k=args.k), dense_queries)
+                default = " (default)" if ef == settings.hnsw_ef_search else ""
+                rows.append([f"HNSW M={spec['m']} efC={spec['ef_construction']}" if ef == 32 else "",
+                             f"{build_s:.1f}" if ef == 32 else "", index_mb(hnsw._index) if ef == 32 else "",
+                             f"{rss:,.0f}" if ef == 32 else "", f"ef_search {ef}{default}", f"{ms:.2f}",
+                             f"{recall(hnsw, exact):.3f}"])
+            hnsw._index.hnsw.efSearch = settings.hnsw_ef_search
+        elif kind == "ivfpq":
+            for pq_m in [int(v) for v in args.pq_m.split(",")]:
+                settings = with_index_type(DenseSettings(cache_size=0, pq_m=pq_m), "ivfpq")
+                spec = index_spec(m, settings)
+                log(f"training and filling the IVF-PQ index ({spec})")
+                ivfpq, build_s, rss = timed_build(settings, spec)
+                codes = ivfpq._index.pq.M
+                for nprobe in (8, 16, 32, 64, 128):
+                    ivfpq._index.nprobe = nprobe
+                    ms = per_query_ms(functools.partial(ivfpq.search, k=args.k), dense_queries)
+                    default = " (default)" if nprobe == settings.ivf_nprobe else ""
+                    first = nprobe == 8
+                    rows.append([f"IVF{spec['nlist']},PQ{codes}x{spec['nbits']}" if first else "",
+                                 f"{build_s:.1f}" if first else "", index_mb(ivfpq._index) if first else "",
+                                 f"{rss:,.0f}" if first else "", f"nprobe {nprobe}{default}", f"{ms:.2f}",
+                                 f"{recall(ivfpq, exact):.3f}"])
+                del ivfpq
+        else:
+            raise SystemExit(f"--dense-index {kind!r}: compare flat with hnsw and/or ivfpq")
+    vector_note = ("24-d Gaussian latent through a fixed random map plus noise, normalized"
+                   if args.vectors == "structured" else "uniform on the sphere")
+    print_table(f"Dense search over {m:,} SYNTHETIC random unit vectors of dimension {DIM} ({vector_note}; "
+                f"not MiniLM embeddings), one query at a time, k={args.k}, {len(dense_queries)} queries, FAISS "
+                f"threads {faiss.omp_get_max_threads()}",
+                ["index", "build s (incl. training)", "index MB (serialized)", "RSS growth MB", "search setting",
+                 "ms/query", f"recall@{args.k} vs flat"], rows)
+    if m < len(passages):
+        print(f"(dense over the first {m:,} passages only: --dense-scale)")
+    return hnsw
+
+
 def scale_benchmark(args: argparse.Namespace) -> None:
     """Every back-end over `args.scale` synthetic passages: build, memory, speed, recall, service."""
     import bm25s
 
     from metarag.errors import MetaRAGError
-    from metarag.retrieve.dense import DenseRetriever, DenseSettings, index_spec, make_index
+    from metarag.retrieve.dense import DenseSettings
     from metarag.retrieve.fusion import FusionRetriever
     from metarag.retrieve.index import index_stats, open_bm25, save_corpus
     from metarag.retrieve.remote import RemoteRetriever
 
+    parts = {p.strip() for p in args.parts.split(",") if p.strip()}
+    unknown = parts - {"bm25", "dense", "hybrid", "remote"}
+    if unknown or ("hybrid" in parts and not {"bm25", "dense"} <= parts) or ("remote" in parts and "bm25" not in parts):
+        raise SystemExit(f"--parts {args.parts!r}: choose from bm25,dense,hybrid,remote (hybrid needs bm25 and "
+                         "dense, remote needs bm25)")
+    if "hybrid" in parts and "hnsw" not in args.dense_index.split(","):
+        raise SystemExit("--parts hybrid fuses BM25 with HNSW: keep hnsw in --dense-index")
     repeats = args.repeats or 3
     rng = np.random.default_rng(args.seed)
     n = args.scale
     log(f"generating {n:,} passages")
     start = time.perf_counter()
-    passages, queries = synthetic_corpus(n, args.queries + 20, rng)
+    low, _, high = args.words.partition("-")
+    words = (int(low), int(high or low))
+    passages, queries = synthetic_corpus(n, args.queries + 20, rng, words)
     timed = queries[:args.queries]
-    print(f"synthetic corpus: {n:,} passages of 20-30 words (Zipf over {VOCABULARY:,} made-up words, seed "
+    print(f"synthetic corpus: {n:,} passages of {words[0]}-{words[1]} words (Zipf over {VOCABULARY:,} made-up "
+          "words, seed "
           f"{args.seed}), made in {time.perf_counter() - start:.0f} s; {len(timed)} distinct queries of 3-6 "
           f"words; k={args.k}; {os.cpu_count()} CPU cores; load average at start "
-          f"{os.getloadavg()[0]:.1f}")
+          f"{os.getloadavg()[0]:.1f}; this process holds {own_memory('VmRSS') / 1e9:.2f} GB with the corpus")
 
     with tempfile.TemporaryDirectory(prefix="metarag-scale-") as tmp:
         root = Path(tmp) / "index"
         settings = BM25Settings(cache_size=0)  # every timed query is searched, never answered from cache
         # ------------------------------------------------------------------------------ BM25
-        log("building the BM25 index")
-        start = time.perf_counter()
-        open_bm25(passages, root, settings)
-        build_s = time.perf_counter() - start
-        folder = root / "bm25"
-        start = time.perf_counter()
-        ours = open_bm25(passages, root, settings)
-        reopen_s = time.perf_counter() - start
-        print_table(f"BM25 index of {n:,} passages", ["measure", "value"], [
-            ["first open_bm25: fingerprint, tokenize, index, save", f"{build_s:.1f} s"],
-            ["reopen (fingerprint check + memory-mapped load)", f"{reopen_s:.1f} s"],
-            ["index size on disk", f"{index_stats(folder).size_bytes / 1e6:.0f} MB"],
-        ])
+        if "bm25" in parts:
+            log("building the BM25 index")
+            start = time.perf_counter()
+            open_bm25(passages, root, settings)
+            build_s = time.perf_counter() - start
+            folder = root / "bm25"
+            start = time.perf_counter()
+            ours = open_bm25(passages, root, settings)
+            reopen_s = time.perf_counter() - start
+            print_table(f"BM25 index of {n:,} passages", ["measure", "value"], [
+                ["first open_bm25: fingerprint, tokenize, index, save", f"{build_s:.1f} s"],
+                ["reopen (fingerprint check + memory-mapped load)", f"{reopen_s:.1f} s"],
+                ["index size on disk", f"{index_stats(folder).size_bytes / 1e6:.0f} MB"],
+                ["peak resident memory of this process so far (VmHWM: corpus, build, save)",
+                 f"{own_memory('VmHWM') / 1e9:.2f} GB"],
+            ])
 
-        log("measuring load memory in child processes")
-        rows = []
-        for mmap in (True, False):
-            m = measure_memory(folder, mmap, timed, args.k)
-            rows.append(["memory-mapped" if mmap else "read into memory", f"{m['load_s']:.2f} s",
-                         f"{(m['after_load'] - m['base']) / 1e6:.0f} MB",
-                         f"{(m['after_queries'] - m['base']) / 1e6:.0f} MB", f"{m['base'] / 1e6:.0f} MB"])
-        print_table("BM25 index load: peak resident memory (VmHWM) above the interpreter with bm25s imported, "
-                    "fresh process each; passages not included",
-                    ["load", "load time", "peak after load", f"peak after {len(timed)} queries", "baseline"], rows)
-        print("(memory-mapped pages touched by queries are file-backed: shared between processes and "
-              "reclaimable, unlike a private copy)")
+            log("measuring load memory in child processes")
+            rows = []
+            for mmap in (True, False):
+                m = measure_memory(folder, mmap, timed, args.k)
+                rows.append(["memory-mapped" if mmap else "read into memory", f"{m['load_s']:.2f} s",
+                             f"{(m['after_load'] - m['base']) / 1e6:.0f} MB",
+                             f"{(m['after_queries'] - m['base']) / 1e6:.0f} MB", f"{m['base'] / 1e6:.0f} MB"])
+            print_table("BM25 index load: peak resident memory (VmHWM) above the interpreter with bm25s imported, "
+                        "fresh process each; passages not included",
+                        ["load", "load time", "peak after load", f"peak after {len(timed)} queries", "baseline"], rows)
+            print("(memory-mapped pages touched by queries are file-backed: shared between processes and "
+                  "reclaimable, unlike a private copy)")
 
-        log("timing BM25 search: ours against raw bm25s")
-        raw = bm25s.BM25.load(str(folder), mmap=True, show_progress=False)
+            log("timing BM25 search: ours against raw bm25s")
+            raw = bm25s.BM25.load(str(folder), mmap=True, show_progress=False)
 
-        def raw_search(query: str) -> object:
-            tokens = bm25s.tokenize(query, stopwords=settings.stopwords, return_ids=False, show_progress=False)
-            return raw.retrieve(tokens, k=args.k, show_progress=False, n_threads=0)
+            def raw_search(query: str) -> object:
+                tokens = bm25s.tokenize(query, stopwords=settings.stopwords, return_ids=False, show_progress=False)
+                return raw.retrieve(tokens, k=args.k, show_progress=False, n_threads=0)
 
-        ours_qps = queries_per_second(lambda q: ours.search(q, args.k), timed, repeats)
-        start = time.perf_counter()
-        ours.search_many(timed, args.k)
-        batch_qps = len(timed) / (time.perf_counter() - start)
-        few = timed[:args.raw_queries]
-        ours_few, raw_few = paired_queries_per_second(lambda q: ours.search(q, args.k), raw_search, few, 1)
-        # Same answers: the k best scores agree (which of tied passages fill the last places may not).
-        agree = sum(np.allclose([h.score for h in ours.search(q, args.k)],
-                                [s for s in raw_search(q)[1][0].tolist() if s > 0], atol=1e-5) for q in few)
-        overhead = raw_few / ours_few - 1
-        print_table(f"BM25 search, {n:,} passages, memory-mapped, k={args.k}, one query at a time",
-                    ["search", "queries", "queries/s", "ms/query"], [
-                        ["metarag BM25Retriever.search", f"{len(timed)} (best of {repeats})", f"{ours_qps:.1f}",
-                         f"{1000 / ours_qps:.2f}"],
-                        ["metarag search_many (one batch)", f"{len(timed)}", f"{batch_qps:.1f}",
-                         f"{1000 / batch_qps:.2f}"],
-                        ["metarag BM25Retriever.search", f"{len(few)} (paired)", f"{ours_few:.1f}",
-                         f"{1000 / ours_few:.2f}"],
-                        ["raw bm25s tokenize + retrieve", f"{len(few)} (paired)", f"{raw_few:.1f}",
-                         f"{1000 / raw_few:.2f}"],
-                    ])
-        print(f"same top-{args.k} scores as raw bm25s: {agree}/{len(few)} queries; our time per query over raw "
-              f"bm25s: {100 * overhead:+.1f}% ({'within' if overhead <= 0.10 else 'OVER'} the +10% budget)")
+            ours_qps = queries_per_second(lambda q: ours.search(q, args.k), timed, repeats)
+            start = time.perf_counter()
+            ours.search_many(timed, args.k)
+            batch_qps = len(timed) / (time.perf_counter() - start)
+            few = timed[:args.raw_queries]
+            ours_few, raw_few = paired_queries_per_second(lambda q: ours.search(q, args.k), raw_search, few, 1)
+            # Same answers: the k best scores agree (which of tied passages fill the last places may not).
+            agree = sum(np.allclose([h.score for h in ours.search(q, args.k)],
+                                    [s for s in raw_search(q)[1][0].tolist() if s > 0], atol=1e-5) for q in few)
+            overhead = raw_few / ours_few - 1
+            print_table(f"BM25 search, {n:,} passages, memory-mapped, k={args.k}, one query at a time",
+                        ["search", "queries", "queries/s", "ms/query"], [
+                            ["metarag BM25Retriever.search", f"{len(timed)} (best of {repeats})", f"{ours_qps:.1f}",
+                             f"{1000 / ours_qps:.2f}"],
+                            ["metarag search_many (one batch)", f"{len(timed)}", f"{batch_qps:.1f}",
+                             f"{1000 / batch_qps:.2f}"],
+                            ["metarag BM25Retriever.search", f"{len(few)} (paired)", f"{ours_few:.1f}",
+                             f"{1000 / ours_few:.2f}"],
+                            ["raw bm25s tokenize + retrieve", f"{len(few)} (paired)", f"{raw_few:.1f}",
+                             f"{1000 / raw_few:.2f}"],
+                        ])
+            print(f"same top-{args.k} scores as raw bm25s: {agree}/{len(few)} queries; our time per query over raw "
+                  f"bm25s: {100 * overhead:+.1f}% ({'within' if overhead <= 0.10 else 'OVER'} the +10% budget)")
 
         # ----------------------------------------------------------------------------- dense
-        m = min(args.dense_scale, n)
-        log(f"making {m:,} synthetic {DIM}-d vectors ({args.vectors})")
-        vectors, query_vectors = synthetic_vectors(m, len(queries), args.vectors, rng)
-        encoder = LookupEncoder(dict(zip(queries, query_vectors)))
-        dense_settings = DenseSettings(ann_threshold=0, cache_size=0)
-        spec = index_spec(m, dense_settings)
-        log("building the flat index")
-        start = time.perf_counter()
-        flat = DenseRetriever(passages[:m], make_index([vectors], {"type": "flat"}), encoder, dense_settings)
-        flat_build_s = time.perf_counter() - start
-        log(f"building the HNSW index ({spec})")
-        start = time.perf_counter()
-        hnsw = DenseRetriever(passages[:m], make_index([vectors], spec), encoder, dense_settings)
-        hnsw_build_s = time.perf_counter() - start
-        del vectors
-        log("timing dense search")
-        exact = [flat.search(q, args.k) for q in timed[:20]]  # warm-up
-        flat_ms = per_query_ms(lambda q: flat.search(q, args.k), timed)
-        exact = flat.search_many(timed, args.k)
-        rows = [["flat (exact)", f"{flat_build_s:.1f}", "-", f"{1000 / flat_ms:.1f}", f"{flat_ms:.2f}", "1.000"]]
-        hnsw_index = hnsw._index
-        for ef in (32, 64, 128, 256):
-            hnsw_index.hnsw.efSearch = ef
-            ms = per_query_ms(lambda q: hnsw.search(q, args.k), timed)
-            got = hnsw.search_many(timed, args.k)
-            recall = statistics.mean(len({h.passage.id for h in g} & {h.passage.id for h in e}) / args.k
-                                     for g, e in zip(got, exact))
-            default = " (default)" if ef == dense_settings.hnsw_ef_search else ""
-            rows.append([f"HNSW M={spec['m']} efC={spec['ef_construction']}", f"{hnsw_build_s:.1f}" if ef == 32 else "",
-                         f"{ef}{default}", f"{1000 / ms:.1f}", f"{ms:.2f}", f"{recall:.3f}"])
-        hnsw_index.hnsw.efSearch = dense_settings.hnsw_ef_search
-        vector_note = ("24-d Gaussian latent through a fixed random map plus noise, normalized"
-                       if args.vectors == "structured" else "uniform on the sphere")
-        print_table(f"Dense search over {m:,} SYNTHETIC random unit vectors of dimension {DIM} ({vector_note}; "
-                    f"not MiniLM embeddings), one query at a time, k={args.k}",
-                    ["index", "build s", "ef_search", "queries/s", "ms/query", f"recall@{args.k} vs flat"], rows)
-        if m < n:
-            print(f"(dense over the first {m:,} passages only: --dense-scale; HNSW over {n:,} random 384-d vectors "
-                  "builds at ~500-1,000 vectors/s on this machine)")
+        if "dense" in parts:
+            hnsw = dense_comparison(args, passages, queries, timed, rng)
 
         # ---------------------------------------------------------------------------- hybrid
-        log("timing hybrid search")
-        fused = FusionRetriever([ours, hnsw])
-        bm25_100 = per_query_ms(lambda q: ours.search(q, 100), timed)
-        hnsw_100 = per_query_ms(lambda q: hnsw.search(q, 100), timed)
-        hybrid_ms = per_query_ms(lambda q: fused.search(q, 5), timed)
-        rows = [["BM25 top 100", f"{1000 / bm25_100:.1f}", f"{bm25_100:.2f}"],
-                ["HNSW top 100 (precomputed query vector)", f"{1000 / hnsw_100:.1f}", f"{hnsw_100:.2f}"],
-                ["hybrid: RRF k=60 of both top 100, top 5", f"{1000 / hybrid_ms:.1f}", f"{hybrid_ms:.2f}"]]
-        try:
-            from metarag.retrieve.dense import encoder_path, load_encoder
+        if "hybrid" in parts:
+            log("timing hybrid search")
+            fused = FusionRetriever([ours, hnsw])
+            bm25_100 = per_query_ms(lambda q: ours.search(q, 100), timed)
+            hnsw_100 = per_query_ms(lambda q: hnsw.search(q, 100), timed)
+            hybrid_ms = per_query_ms(lambda q: fused.search(q, 5), timed)
+            rows = [["BM25 top 100", f"{1000 / bm25_100:.1f}", f"{bm25_100:.2f}"],
+                    ["HNSW top 100 (precomputed query vector)", f"{1000 / hnsw_100:.1f}", f"{hnsw_100:.2f}"],
+                    ["hybrid: RRF k=60 of both top 100, top 5", f"{1000 / hybrid_ms:.1f}", f"{hybrid_ms:.2f}"]]
+            try:
+                from metarag.retrieve.dense import encoder_path, load_encoder
 
-            minilm = load_encoder(encoder_path(DenseSettings()))
-            minilm.encode(timed[:5], show_progress_bar=False)
-            encode_ms = per_query_ms(lambda q: minilm.encode([q], show_progress_bar=False), timed[:100])
-            rows.append(["MiniLM query encoding alone (measured, 100 queries)", f"{1000 / encode_ms:.1f}",
-                         f"{encode_ms:.2f}"])
-            total = hybrid_ms + encode_ms
-            rows.append(["hybrid with MiniLM encoding (sum of the two)", f"{1000 / total:.1f}", f"{total:.2f}"])
-        except MetaRAGError as exc:
-            rows.append([f"MiniLM query encoding: not measured ({exc})", "-", "-"])
-        print_table(f"Hybrid retrieval, BM25 over {n:,} passages + HNSW over {m:,} vectors, one query at a time",
-                    ["retriever", "queries/s", "ms/query"], rows)
+                minilm = load_encoder(encoder_path(DenseSettings()))
+                minilm.encode(timed[:5], show_progress_bar=False)
+                encode_ms = per_query_ms(lambda q: minilm.encode([q], show_progress_bar=False), timed[:100])
+                rows.append(["MiniLM query encoding alone (measured, 100 queries)", f"{1000 / encode_ms:.1f}",
+                             f"{encode_ms:.2f}"])
+                total = hybrid_ms + encode_ms
+                rows.append(["hybrid with MiniLM encoding (sum of the two)", f"{1000 / total:.1f}", f"{total:.2f}"])
+            except MetaRAGError as exc:
+                rows.append([f"MiniLM query encoding: not measured ({exc})", "-", "-"])
+            print_table(f"Hybrid retrieval, BM25 over {n:,} passages + HNSW over {m:,} vectors, one query at a time",
+                        ["retriever", "queries/s", "ms/query"], rows)
 
         # ---------------------------------------------------------------------------- remote
-        log("writing the corpus copy and starting the retrieval service in a child process")
-        save_corpus(root, passages)
-        with ServiceProcess(str(root)) as service:
-            remote = RemoteRetriever(service.url, cache_size=0)
-            for query in queries[len(timed):]:  # warm both paths on queries not timed
-                remote.search(query, args.k)
-                ours.search(query, args.k)
-            local_ms, remote_ms = [], []
-            for query in timed:
+        if "remote" in parts:
+            log("writing the corpus copy and starting the retrieval service in a child process")
+            save_corpus(root, passages)
+            with ServiceProcess(str(root)) as service:
+                remote = RemoteRetriever(service.url, cache_size=0)
+                for query in queries[len(timed):]:  # warm both paths on queries not timed
+                    remote.search(query, args.k)
+                    ours.search(query, args.k)
+                local_ms, remote_ms = [], []
+                for query in timed:
+                    t0 = time.perf_counter()
+                    local_hits = ours.search(query, args.k)
+                    t1 = time.perf_counter()
+                    remote_hits = remote.search(query, args.k)
+                    t2 = time.perf_counter()
+                    local_ms.append(1000 * (t1 - t0))
+                    remote_ms.append(1000 * (t2 - t1))
+                    if remote_hits != local_hits:
+                        raise SystemExit(f"remote and in-process hits differ for {query!r}")
+                batch = timed[:100]
                 t0 = time.perf_counter()
-                local_hits = ours.search(query, args.k)
+                ours.search_many(batch, args.k)
                 t1 = time.perf_counter()
-                remote_hits = remote.search(query, args.k)
+                remote.search_many(batch, args.k)
                 t2 = time.perf_counter()
-                local_ms.append(1000 * (t1 - t0))
-                remote_ms.append(1000 * (t2 - t1))
-                if remote_hits != local_hits:
-                    raise SystemExit(f"remote and in-process hits differ for {query!r}")
-            batch = timed[:100]
-            t0 = time.perf_counter()
-            ours.search_many(batch, args.k)
-            t1 = time.perf_counter()
-            remote.search_many(batch, args.k)
-            t2 = time.perf_counter()
-        with ServiceProcess("tiny") as tiny_service:
-            tiny = RemoteRetriever(tiny_service.url, cache_size=0)
-            for _ in range(20):
-                tiny.search("beta", 2)
-            tiny_ms = []
-            for _ in timed:
-                t3 = time.perf_counter()
-                tiny.search("beta", 2)
-                tiny_ms.append(1000 * (time.perf_counter() - t3))
+            with ServiceProcess("tiny") as tiny_service:
+                tiny = RemoteRetriever(tiny_service.url, cache_size=0)
+                for _ in range(20):
+                    tiny.search("beta", 2)
+                tiny_ms = []
+                for _ in timed:
+                    t3 = time.perf_counter()
+                    tiny.search("beta", 2)
+                    tiny_ms.append(1000 * (time.perf_counter() - t3))
 
-        def p95(values: list[float]) -> float:
-            return sorted(values)[int(0.95 * (len(values) - 1))]
+            def p95(values: list[float]) -> float:
+                return sorted(values)[int(0.95 * (len(values) - 1))]
 
-        print_table(f"Remote retriever against in-process, same BM25 index ({n:,} passages), k={args.k}, "
-                    f"{len(timed)} queries one at a time (service ready {service.ready_s:.0f} s after start, "
-                    "corpus load included); every remote hit list equal to the in-process one",
-                    ["path", "median ms", "p95 ms", "mean ms"], [
-                        ["in-process BM25Retriever.search", f"{statistics.median(local_ms):.2f}",
-                         f"{p95(local_ms):.2f}", f"{statistics.mean(local_ms):.2f}"],
-                        ["RemoteRetriever.search (HTTP, loopback)", f"{statistics.median(remote_ms):.2f}",
-                         f"{p95(remote_ms):.2f}", f"{statistics.mean(remote_ms):.2f}"],
-                        ["RemoteRetriever.search, 2-passage index (HTTP round trip alone)",
-                         f"{statistics.median(tiny_ms):.2f}", f"{p95(tiny_ms):.2f}", f"{statistics.mean(tiny_ms):.2f}"],
-                        [f"in-process search_many, {len(batch)} queries (per query)",
-                         f"{1000 * (t1 - t0) / len(batch):.2f}", "-", "-"],
-                        [f"remote search_many, {len(batch)} queries in one POST (per query)",
-                         f"{1000 * (t2 - t1) / len(batch):.2f}", "-", "-"],
-                    ])
+            print_table(f"Remote retriever against in-process, same BM25 index ({n:,} passages), k={args.k}, "
+                        f"{len(timed)} queries one at a time (service ready {service.ready_s:.0f} s after start, "
+                        "corpus load included); every remote hit list equal to the in-process one",
+                        ["path", "median ms", "p95 ms", "mean ms"], [
+                            ["in-process BM25Retriever.search", f"{statistics.median(local_ms):.2f}",
+                             f"{p95(local_ms):.2f}", f"{statistics.mean(local_ms):.2f}"],
+                            ["RemoteRetriever.search (HTTP, loopback)", f"{statistics.median(remote_ms):.2f}",
+                             f"{p95(remote_ms):.2f}", f"{statistics.mean(remote_ms):.2f}"],
+                            ["RemoteRetriever.search, 2-passage index (HTTP round trip alone)",
+                             f"{statistics.median(tiny_ms):.2f}", f"{p95(tiny_ms):.2f}",
+                             f"{statistics.mean(tiny_ms):.2f}"],
+                            [f"in-process search_many, {len(batch)} queries (per query)",
+                             f"{1000 * (t1 - t0) / len(batch):.2f}", "-", "-"],
+                            [f"remote search_many, {len(batch)} queries in one POST (per query)",
+                             f"{1000 * (t2 - t1) / len(batch):.2f}", "-", "-"],
+                        ])
     print(f"\nload average at the end: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores (other jobs share this "
           "machine: absolute times are pessimistic; paired figures compare like with like)")
 

@@ -434,6 +434,108 @@ def test_ann_index_beyond_the_threshold_agrees_with_flat():
     assert len(hnsw.search(queries[0], 10, exclude=top)) == 10
 
 
+class LatentEncoder(HashingEncoder):
+    """Unit vectors near a 6-d subspace, like sentence embeddings (low intrinsic dimension), one per
+    text; "near: T" is T's vector plus a little noise, a query whose true neighbours are known."""
+
+    def encode(self, texts, batch_size=32, normalize_embeddings=False, convert_to_numpy=True,
+               show_progress_bar=False):
+        import zlib
+
+        import numpy as np
+
+        mapping = np.random.default_rng(7).standard_normal((6, self.dim))
+        rows = []
+        for text in texts:
+            base, noise = (text[len("near: "):], 0.1) if text.startswith("near: ") else (text, 0.0)
+            rng = np.random.default_rng(zlib.crc32(base.encode()))
+            vector = rng.standard_normal(6) @ mapping + 0.5 * rng.standard_normal(self.dim)
+            rows.append(vector + noise * np.random.default_rng(zlib.crc32(text.encode())).standard_normal(self.dim))
+        vectors = np.array(rows, dtype=np.float32)
+        return vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+
+
+@pytest.fixture
+def one_faiss_thread():
+    """FAISS's OpenMP threads spin against each other on a loaded machine: a tiny k-means runs ~10x slower."""
+    import faiss
+
+    threads = faiss.omp_get_max_threads()
+    faiss.omp_set_num_threads(1)
+    yield
+    faiss.omp_set_num_threads(threads)
+
+
+@needs_faiss
+def test_ivfpq_builds_saves_reopens_and_finds_what_flat_finds(tmp_path, encoders, one_faiss_thread):
+    import json
+
+    from metarag.retrieve.dense import DenseRetriever, with_index_type
+    from metarag.retrieve.index import open_dense
+
+    folders, loaded = encoders
+    loaded["enc-a"] = encoder = LatentEncoder(dim=32)
+    passages = synthetic(3000)
+    queries = [f"near: {p.contents()}" for p in passages[:60]]
+    # 16 clusters, 16 codes of 6 bits (2 dimensions a code): small enough to train in a second.
+    settings = with_index_type(dense_settings(folders["enc-a"], ivf_nlist=16, ivf_nprobe=16, pq_m=16,
+                                              pq_nbits=6), "ivfpq")
+    idx = tmp_path / "idx"
+    built = open_dense(passages, idx, settings, show_progress=False)
+    assert built.index_type == "ivfpq"
+    files = snapshot(built.index_dir)
+    fingerprint = json.loads((built.index_dir / "fingerprint.json").read_text())
+    assert fingerprint["settings"]["index"] == {"type": "ivfpq", "nlist": 16, "m": 16, "nbits": 6,
+                                                "train_points": 64}
+    flat = DenseRetriever.build(passages, with_index_type(settings, "flat"), show_progress=False, encoder=encoder)
+    assert flat.index_type == "flat"
+    exact = flat.search_many(queries, 10)
+    got = built.search_many(queries, 10)
+    recall = [len(set(ids(g)) & set(ids(e))) / 10 for g, e in zip(got, exact)]
+    assert sum(recall) / len(recall) >= 0.7
+    # Each query's own passage is its nearest: quantized distances still put it first.
+    assert sum(ids(g)[0] == p.id for g, p in zip(got, passages)) >= 55
+    # Reopened from disk, with the same search settings: the very same answers, no rebuild.
+    again = open_dense(passages, idx, replace(settings, cache_size=0), show_progress=False)
+    assert snapshot(again.index_dir) == files
+    assert [ids(h) for h in again.search_many(queries, 10)] == [ids(h) for h in got]
+    # nprobe is a search setting: applied to the saved index, never a reason to rebuild.
+    fewer = open_dense(passages, idx, replace(settings, ivf_nprobe=2), show_progress=False)
+    assert snapshot(fewer.index_dir) == files and fewer.index_type == "ivfpq" and fewer._index.nprobe == 2
+    # The code size shapes the index: a change rebuilds it, as does another index type.
+    assert open_dense(passages, idx, replace(settings, pq_m=8), show_progress=False)._index.pq.M == 8
+    assert open_dense(passages, idx, with_index_type(settings, "hnsw"), show_progress=False).index_type == "hnsw"
+
+
+@needs_faiss
+def test_bad_ivfpq_settings_are_one_line_errors(encoders, one_faiss_thread):
+    from metarag.pipeline import build_indexes
+    from metarag.retrieve.dense import DenseRetriever, DenseSettings, with_index_type
+
+    encoder = LatentEncoder(dim=32)
+    errors = []
+    with pytest.raises(ConfigError, match="unknown approximate index 'ivf-pq'.*ivfpq") as caught:
+        DenseSettings(ann="ivf-pq")
+    errors.append(caught.value)
+    with pytest.raises(ConfigError, match="unknown dense index type 'ivfqp'.*ivfpq") as caught:
+        with_index_type(DenseSettings(), "ivfqp")
+    errors.append(caught.value)
+    with pytest.raises(ConfigError, match="unknown dense index type 'pq'") as caught:
+        build_indexes("no-such-corpus.jsonl", ["dense"], dense_index="pq")  # before the corpus is read
+    errors.append(caught.value)
+    with pytest.raises(ConfigError, match="pq_nbits"):
+        DenseSettings(pq_nbits=17)
+    with pytest.raises(ConfigError, match="pq_m 5 does not divide the embedding dimension 32") as caught:
+        DenseRetriever.build(synthetic(400), with_index_type(DenseSettings(pq_m=5, pq_nbits=4), "ivfpq"),
+                             show_progress=False, encoder=encoder)
+    errors.append(caught.value)
+    with pytest.raises(ConfigError, match="needs at least 256 vectors .* the corpus has 100") as caught:
+        DenseRetriever.build(synthetic(100), with_index_type(DenseSettings(), "ivfpq"), show_progress=False,
+                             encoder=encoder)
+    errors.append(caught.value)
+    assert all("\n" not in str(error) for error in errors)
+
+
 @needs_faiss
 def test_open_dense_saves_the_ann_index_and_search_settings_do_not_rebuild(tmp_path, encoders, notes):
     import json

@@ -74,6 +74,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_corpus_args(build)
     build.add_argument("--retrievers", default="bm25,dense",
                        help="which indexes to build, comma-separated (default: bm25,dense)")
+    build.add_argument("--dense-index", default=None, metavar="TYPE",
+                       help="flat, hnsw, ivf or ivfpq: the dense index's FAISS type whatever the corpus size "
+                            "(default: flat up to 200,000 passages, HNSW beyond; ivfpq: product-quantized, "
+                            "~32x smaller, for corpora that do not fit in memory as float32)")
     build.set_defaults(handler=cmd_index_build)
 
     ev = sub.add_parser("eval", help="evaluate a method over a dataset (resumable)",
@@ -480,7 +484,8 @@ def cmd_ask(args: argparse.Namespace) -> int:
 def cmd_index_build(args: argparse.Namespace) -> int:
     from metarag.pipeline import build_indexes
 
-    for line in build_indexes(args.corpus, args.retrievers.split(","), index_dir=args.index_dir):
+    for line in build_indexes(args.corpus, args.retrievers.split(","), index_dir=args.index_dir,
+                              dense_index=args.dense_index):
         print(line)
     return 0
 

@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable, Sequence
 from importlib import resources
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from metarag.errors import ConfigError
 from metarag.llm.base import LLM
@@ -18,6 +19,9 @@ from metarag.records import Passage, Question, Step, Trace
 from metarag.retrieve.base import Retriever
 from metarag.retrieve.index import REMOTE, check_retriever
 from metarag.settings import parse_assignments
+
+if TYPE_CHECKING:
+    from metarag.retrieve.dense import DenseSettings
 
 DEMO_CORPUS = "hotpotqa_train100_corpus.jsonl"
 DEMO_QUESTIONS = "hotpotqa_train100.json"
@@ -45,10 +49,11 @@ def load_passages(corpus: str | Path | None) -> list[Passage]:
     return load_corpus(corpus if corpus is not None else demo_file(DEMO_CORPUS))
 
 
-def open_retriever(passages: list[Passage], kind: str = "bm25", index_dir: str | Path | None = None
-                   ) -> Retriever:
+def open_retriever(passages: list[Passage], kind: str = "bm25", index_dir: str | Path | None = None,
+                   dense: DenseSettings | None = None) -> Retriever:
     """The retriever `kind` over `passages`, its index built once and reused while it matches;
-    `remote:URL` is a `metarag serve-retriever` service (its index, not `passages`, answers)."""
+    `remote:URL` is a `metarag serve-retriever` service (its index, not `passages`, answers).
+    `dense` None means `DenseSettings()` for the dense side of "dense" and "hybrid"."""
     from metarag.retrieve import index
 
     if check_retriever(kind).startswith(REMOTE):
@@ -56,8 +61,11 @@ def open_retriever(passages: list[Passage], kind: str = "bm25", index_dir: str |
 
         return RemoteRetriever(kind.removeprefix(REMOTE))
     root = Path(index_dir) if index_dir else index.default_index_dir(passages)
-    opener = {"bm25": index.open_bm25, "dense": index.open_dense, "hybrid": index.open_hybrid}[kind]
-    return opener(passages, root)
+    if kind == "dense":
+        return index.open_dense(passages, root, dense)
+    if kind == "hybrid":
+        return index.open_hybrid(passages, root, dense=dense)
+    return index.open_bm25(passages, root)
 
 
 def answer_question(text: str, method: Method, *, corpus: str | Path | None = None,
@@ -80,10 +88,17 @@ def answer_question(text: str, method: Method, *, corpus: str | Path | None = No
     return run(method, Question(id="ask", text=text.strip()), runtime, on_step=on_step)
 
 
-def build_indexes(corpus: str | Path | None, kinds: Sequence[str], index_dir: str | Path | None = None
-                  ) -> list[str]:
-    """Build or reuse each index kind of `corpus`; one report line per index."""
+def build_indexes(corpus: str | Path | None, kinds: Sequence[str], index_dir: str | Path | None = None,
+                  dense_index: str | None = None) -> list[str]:
+    """Build or reuse each index kind of `corpus`; one report line per index.
+
+    `dense_index` ("flat", "hnsw", "ivf" or "ivfpq") fixes the FAISS index type whatever the corpus
+    size; None keeps `DenseSettings`'s rule (flat up to its threshold, then HNSW).
+    """
     from metarag.retrieve import index
+    from metarag.retrieve.dense import DenseSettings, with_index_type
+
+    dense = None if dense_index is None else with_index_type(DenseSettings(), dense_index)
 
     kinds = [k.strip() for k in kinds if k.strip()]
     for kind in kinds:
@@ -94,7 +109,7 @@ def build_indexes(corpus: str | Path | None, kinds: Sequence[str], index_dir: st
     lines = []
     for kind in kinds:
         start = time.perf_counter()
-        retriever = open_retriever(passages, kind, root)
+        retriever = open_retriever(passages, kind, root, dense)
         elapsed = time.perf_counter() - start
         folder = Path(retriever.index_dir)
         stats = index.index_stats(folder)

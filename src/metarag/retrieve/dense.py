@@ -1,5 +1,5 @@
 """Dense retrieval: a sentence-transformers encoder and a FAISS inner-product index, exact (flat) for
-small corpora and approximate (HNSW or IVF) beyond a size threshold.
+small corpora and approximate (HNSW, IVF or IVF-PQ) beyond a size threshold.
 
 `retrieve/index.py` decides when to build or reuse; this module only knows one index folder (and,
 while building, the folder its embedding chunks are saved to).
@@ -24,7 +24,9 @@ from metarag.retrieve.store import LRUCache, cached_search, read_meta, saved_set
 from metarag.settings import check_ranges, setting
 
 INDEX_FILE = "faiss.index"
-ANN_KINDS = ("hnsw", "ivf")
+ANN_KINDS = ("hnsw", "ivf", "ivfpq")
+# What `metarag index build --dense-index` offers: flat (exact at any size) or one approximate kind.
+INDEX_TYPES = ("flat", *ANN_KINDS)
 
 
 @dataclass(frozen=True)
@@ -39,9 +41,13 @@ class DenseSettings:
 
     Up to `ann_threshold` passages the FAISS index is flat (exact); beyond, it is approximate:
     `ann` "hnsw" (graph, `hnsw_m` links per node, built with `hnsw_ef_construction`, searched with
-    `hnsw_ef_search` candidates) or "ivf" (`ivf_nlist` clusters, 0 meaning 4·√n, `ivf_nprobe`
-    searched). A build encodes `chunk_size` passages at a time, each chunk saved as it finishes so
-    an interrupted build resumes. `cache_size` recent answers and query embeddings are kept per
+    `hnsw_ef_search` candidates), "ivf" (`ivf_nlist` clusters, 0 meaning 4·√n, `ivf_nprobe`
+    searched) or "ivfpq": the same clusters holding product-quantized vectors (Jégou, Douze & Schmid
+    2011, TPAMI §3-4), `pq_m` codes of `pq_nbits` bits each (0 meaning dim/8: one byte per 8 float32
+    dimensions, 32 times smaller), trained on `ivfpq_train_points` vectors per cluster or per code
+    book entry, whichever are more, sampled across the corpus (FAISS asks for at least 39). A build
+    encodes `chunk_size` passages at a time, each chunk saved as it finishes so an interrupted build
+    resumes. `cache_size` recent answers and query embeddings are kept per
     retriever within a run. Fields in `OUTSIDE_FINGERPRINT` never force a rebuild.
     """
 
@@ -57,6 +63,9 @@ class DenseSettings:
     hnsw_ef_search: int = setting(128, ge=1)
     ivf_nlist: int = setting(0, ge=0)
     ivf_nprobe: int = setting(32, ge=1)
+    pq_m: int = setting(0, ge=0)
+    pq_nbits: int = setting(8, ge=1, le=16)
+    ivfpq_train_points: int = setting(64, ge=39)
     chunk_size: int = setting(4096, ge=1)
     cache_size: int = setting(1024, ge=0)
 
@@ -70,8 +79,8 @@ class DenseSettings:
 # the index holds (the encoder is fingerprinted by its weights; the ANN fields by the index type
 # they resolve to, `index_spec`). Changing them never forces a rebuild.
 OUTSIDE_FINGERPRINT = ("encoder", "batch_size", "query_prefix", "ann", "ann_threshold", "hnsw_m",
-                       "hnsw_ef_construction", "hnsw_ef_search", "ivf_nlist", "ivf_nprobe", "chunk_size",
-                       "cache_size")
+                       "hnsw_ef_construction", "hnsw_ef_search", "ivf_nlist", "ivf_nprobe", "pq_m", "pq_nbits",
+                       "ivfpq_train_points", "chunk_size", "cache_size")
 
 
 def index_spec(passages: int, settings: DenseSettings) -> dict[str, Any]:
@@ -81,8 +90,20 @@ def index_spec(passages: int, settings: DenseSettings) -> dict[str, Any]:
     if settings.ann == "hnsw":
         return {"type": "hnsw", "m": settings.hnsw_m, "ef_construction": settings.hnsw_ef_construction}
     # 4·√n clusters is FAISS's rule of thumb; at least 39 training points per cluster, as it asks.
-    nlist = settings.ivf_nlist or int(4 * math.sqrt(passages))
-    return {"type": "ivf", "nlist": max(1, min(nlist, passages // 39))}
+    nlist = max(1, min(settings.ivf_nlist or int(4 * math.sqrt(passages)), passages // 39))
+    if settings.ann == "ivf":
+        return {"type": "ivf", "nlist": nlist}
+    return {"type": "ivfpq", "nlist": nlist, "m": settings.pq_m, "nbits": settings.pq_nbits,
+            "train_points": settings.ivfpq_train_points}
+
+
+def with_index_type(settings: DenseSettings, index_type: str) -> DenseSettings:
+    """`settings` made to build `index_type` ("flat" or one of ANN_KINDS) whatever the corpus size."""
+    if index_type not in INDEX_TYPES:
+        raise ConfigError(f"unknown dense index type {index_type!r}{close_matches(index_type, INDEX_TYPES)}")
+    if index_type == "flat":
+        return dataclasses.replace(settings, ann_threshold=2**62)
+    return dataclasses.replace(settings, ann=index_type, ann_threshold=0)
 
 
 def index_fields(settings: DenseSettings, passages: int) -> dict[str, Any]:
@@ -139,7 +160,8 @@ class DenseRetriever:
     """Nearest passages (title and text) to a query by embedding inner product; use `build` or `load`.
 
     A flat FAISS index searches exactly, so its results do not depend on index training; HNSW and
-    IVF (corpora beyond `settings.ann_threshold`) trade a little recall for speed. The last
+    IVF (corpora beyond `settings.ann_threshold`) trade a little recall for speed, IVF-PQ more
+    recall for a far smaller index. The last
     `settings.cache_size` answers and query embeddings are kept for repeats within a run.
     """
 
@@ -161,9 +183,11 @@ class DenseRetriever:
 
     @property
     def index_type(self) -> str:
-        """Which FAISS index this retriever searches: "flat", "hnsw" or "ivf"."""
+        """Which FAISS index this retriever searches: "flat", "hnsw", "ivf" or "ivfpq"."""
         if hasattr(self._index, "hnsw"):
             return "hnsw"
+        if hasattr(self._index, "pq"):
+            return "ivfpq"
         return "ivf" if hasattr(self._index, "nprobe") else "flat"
 
     @classmethod
@@ -335,10 +359,30 @@ def make_index(chunks: Sequence[np.ndarray], spec: dict[str, Any]) -> Any:
         # The coarse quantizer is flat inner product too, so clusters follow the search metric.
         index = faiss.IndexIVFFlat(faiss.IndexFlatIP(dim), dim, spec["nlist"], faiss.METRIC_INNER_PRODUCT)
         index.train(_training_sample(chunks, 256 * spec["nlist"]))
+    elif spec["type"] == "ivfpq":
+        index = _ivfpq_index(faiss, chunks, dim, spec)
     else:
         raise ConfigError(f"unknown FAISS index type {spec['type']!r}")
     for vectors in chunks:
         index.add(np.ascontiguousarray(vectors, dtype=np.float32))
+    return index
+
+
+def _ivfpq_index(faiss: ModuleType, chunks: Sequence[np.ndarray], dim: int, spec: dict[str, Any]) -> Any:
+    """An empty IVF-PQ index of `spec`, trained on a sample of `chunks`; a shape that cannot be built
+    (codes not dividing the dimension, fewer vectors than a code book has entries) is a ConfigError."""
+    m = spec["m"] or max(1, dim // 8)
+    if dim % m:
+        raise ConfigError(f"dense pq_m {m} does not divide the embedding dimension {dim}: choose a divisor of {dim}")
+    # Both k-means need points per centroid: the coarse one per cluster, each code book per entry.
+    sample = _training_sample(chunks, spec["train_points"] * max(spec["nlist"], 2 ** spec["nbits"]))
+    if len(sample) < 2 ** spec["nbits"]:
+        raise ConfigError(f"dense ivfpq with pq_nbits {spec['nbits']} needs at least {2 ** spec['nbits']} vectors to "
+                          f"train its code books; the corpus has {len(sample)}: use a flat index or fewer bits")
+    # The coarse quantizer is flat inner product, so clusters follow the search metric.
+    index = faiss.IndexIVFPQ(faiss.IndexFlatIP(dim), dim, spec["nlist"], m, spec["nbits"],
+                             faiss.METRIC_INNER_PRODUCT)
+    index.train(sample)
     return index
 
 
