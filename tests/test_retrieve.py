@@ -597,6 +597,20 @@ def test_an_interrupted_dense_build_resumes_from_its_saved_chunks(tmp_path, enco
         assert ids(got) == ids(want) and [h.score for h in got] == pytest.approx([h.score for h in want])
 
 
+def test_encoded_chunks_are_kept_memory_mapped_from_their_saved_files(tmp_path):
+    import numpy as np
+
+    from metarag.retrieve.dense import DenseSettings, encode_passages
+
+    settings = DenseSettings(chunk_size=3)
+    saved = encode_passages(HashingEncoder(), CITIES, settings, show_progress=False, work_dir=tmp_path)
+    in_memory = encode_passages(HashingEncoder(), CITIES, settings, show_progress=False)
+    # A Wikipedia-sized build must not hold every embedding in private memory: the page cache has them.
+    assert [type(chunk) for chunk in saved] == [np.memmap] * 3
+    assert [len(chunk) for chunk in saved] == [3, 3, 1]
+    assert all(np.array_equal(a, b) for a, b in zip(saved, in_memory))
+
+
 @needs_faiss
 def test_saved_chunks_of_another_encoding_are_not_reused(tmp_path, encoders, monkeypatch):
     import metarag.retrieve.dense as dense_module
