@@ -51,7 +51,24 @@ def build_parser() -> argparse.ArgumentParser:
         prog="metarag",
         description="Metacognitive and adaptive RAG for multi-hop QA, offline by default.")
     sub = parser.add_subparsers(title="commands", metavar="COMMAND")
+    _add_ask(sub)
+    _add_index(sub)
+    _add_eval(sub)
+    _add_sweep(sub)
+    _add_report(sub)
+    _add_serve_retriever(sub)
+    _add_view(sub)
+    _add_train_critic(sub)
+    _add_train_router(sub)
+    _add_train_agent(sub)
+    _add_experiment(sub)
+    _add_methods(sub)
+    _add_doctor(sub)
+    _add_calibrate_judges(sub)
+    return parser
 
+
+def _add_ask(sub) -> None:
     ask = sub.add_parser("ask", help="answer one question and show the trace",
                          description="Answer one question with a method and print the answer and a "
                                      "readable trace (each step, what was retrieved, time, tokens).")
@@ -66,6 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
     ask.add_argument("--json", action="store_true", help="print the whole trace as JSON instead")
     ask.set_defaults(handler=cmd_ask)
 
+
+def _add_index(sub) -> None:
     index = sub.add_parser("index", help="build or inspect retrieval indexes")
     index_sub = index.add_subparsers(title="index commands", metavar="ACTION")
     build = index_sub.add_parser("build", help="build the BM25 and dense indexes of a corpus",
@@ -80,6 +99,8 @@ def build_parser() -> argparse.ArgumentParser:
                             "~32x smaller, for corpora that do not fit in memory as float32)")
     build.set_defaults(handler=cmd_index_build)
 
+
+def _add_eval(sub) -> None:
     ev = sub.add_parser("eval", help="evaluate a method over a dataset (resumable)",
                         description="Run a method over a dataset's questions. Each finished question is "
                                     "written at once to runs/<run-id>/results.jsonl; re-running the same "
@@ -93,6 +114,8 @@ def build_parser() -> argparse.ArgumentParser:
                          "one evaluation, and report / view read it as one run once every shard has finished")
     ev.set_defaults(handler=cmd_eval)
 
+
+def _add_sweep(sub) -> None:
     sw = sub.add_parser("sweep", help="evaluate a grid of settings (like the study's Table 3)",
                         description="One evaluation per combination of --vary values, then a table of "
                                     "EM, F1 and per-question counts for each.")
@@ -102,6 +125,8 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--plot", default=None, metavar="PNG", help="write metric-versus-value to this PNG")
     sw.set_defaults(handler=cmd_sweep)
 
+
+def _add_report(sub) -> None:
     rp = sub.add_parser("report", help="tables, significance and breakdowns over finished runs",
                         description="One markdown row per run (EM, F1, Prec, Rec, Acc, requests/q, "
                                     "tokens/request, latency/request, retrieval calls/q, USD); with several "
@@ -147,6 +172,8 @@ def build_parser() -> argparse.ArgumentParser:
                          "(RETRIEVE ratio vs question-answer distance) of each run as PNGs in DIR")
     rp.set_defaults(handler=cmd_report)
 
+
+def _add_serve_retriever(sub) -> None:
     srv = sub.add_parser("serve-retriever", help="serve an index over HTTP for many workers",
                          description="Serve a built index (from `metarag index build`) on POST /retrieve "
                                      '{"queries": [...], "topk": k} and GET /health, bound to 127.0.0.1 unless '
@@ -159,6 +186,8 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--port", type=port_number, default=8000, help="port, 0..65535 (0: a free one; default: 8000)")
     srv.set_defaults(handler=cmd_serve_retriever)
 
+
+def _add_view(sub) -> None:
     vw = sub.add_parser("view", help="a local web page over run folders (question by question, traces, pictures)",
                         description="Serve a read-only page over run folders: the report table and each run's "
                                     "manifest, every question with each run's answer and cost (filters, sorting, "
@@ -171,6 +200,8 @@ def build_parser() -> argparse.ArgumentParser:
     vw.add_argument("--port", type=port_number, default=8100, help="port, 0..65535 (0: a free one; default: 8100)")
     vw.set_defaults(handler=cmd_view)
 
+
+def _add_train_critic(sub) -> None:
     tc = sub.add_parser("train-critic", help="train SIM-RAG's lightweight critic by self-practice",
                         description="Run the SIM-RAG reasoner on training questions with varying evidence, "
                                     "label each answer correct or not against gold, train a logistic-regression "
@@ -190,6 +221,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_llm_args(tc)
     tc.set_defaults(handler=cmd_train_critic)
 
+
+def _add_train_router(sub) -> None:
     tr = sub.add_parser("train-router", help="train Adaptive-RAG's query-complexity router on silver labels",
                         description="Answer training questions with the three strategies Adaptive-RAG routes to "
                                     "(A closed-book, B standard-rag, C ircot), label each question with the cheapest "
@@ -214,6 +247,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_llm_args(tr)
     tr.set_defaults(handler=cmd_train_router)
 
+
+def _add_train_agent(sub) -> None:
     ta = sub.add_parser("train-agent", help="train the search agent with GRPO (TRL) on training questions",
                         description="GRPO on TRL's GRPOTrainer: the agent's own policy (search-r1, belief-agent, "
                                     "r1-searcher or autorefine) run through the shared runner on the live model as "
@@ -266,6 +301,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_llm_args(ta)
     ta.set_defaults(handler=cmd_train_agent, llm="hf-0.5b")
 
+
+def _add_experiment(sub) -> None:
     ex = sub.add_parser("experiment", help="run a table from an experiment file (rows x datasets), then its reports",
                         description="Every row of the file (a method and its settings) on each of its datasets, "
                                     "each an ordinary eval run (resumable, the same run id as the same eval "
@@ -289,6 +326,8 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--quiet", action="store_true", help="no progress bars")
     ex.set_defaults(handler=cmd_experiment)
 
+
+def _add_methods(sub) -> None:
     me = sub.add_parser("methods", help="list the methods (ours, installed packages', registered), or one's settings",
                         description="Every method with the first line of its docstring (its paper); with a name, "
                                     "each setting's type, default and range or choices, and the settings' docstring "
@@ -296,6 +335,8 @@ def build_parser() -> argparse.ArgumentParser:
     me.add_argument("name", nargs="?", help="a method's name")
     me.set_defaults(handler=cmd_methods)
 
+
+def _add_doctor(sub) -> None:
     dr = sub.add_parser("doctor", help="check the installation before a long run",
                         description="Check llama.cpp's build and CPU features (AMX kernels compiled in or not), "
                                     "each embedded model and its sha256, a one-token decode in a child process, "
@@ -307,6 +348,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the embedded model of the decode check (default: qwen2.5-coder-1.5b-instruct)")
     dr.set_defaults(handler=cmd_doctor)
 
+
+def _add_calibrate_judges(sub) -> None:
     cj = sub.add_parser("calibrate-judges", help="choose MetaRAG's sufficiency thresholds on training questions",
                         description="Read a finished MetaRAG run over TRAINING questions, compare each sufficiency "
                                     "judge's P(Yes) with what it was asked (external: all supporting passages "
@@ -319,7 +362,6 @@ def build_parser() -> argparse.ArgumentParser:
     cj.add_argument("--allow-any", action="store_true", help="allow a run whose dataset is named as a dev/test split")
     cj.add_argument("--out", metavar="JSON", help="also write the thresholds as JSON")
     cj.set_defaults(handler=cmd_calibrate_judges)
-    return parser
 
 
 def port_number(value: str) -> int:
