@@ -18,7 +18,7 @@ from metarag.methods.fixed_point import LoopState
 from metarag.methods.flare import (
     FLARE,
     FLARESettings,
-    first_sentence,
+    look_ahead_sentence,
     low_spans,
     masked_query,
     merge_round_robin,
@@ -257,15 +257,15 @@ def tokens(*pieces):
 
 def test_first_sentence_cuts_at_the_sentence_end():
     toks = tokens(("Dijon", -0.1), (" is", -0.1), (" big", -3.0), (".", -0.1), (" It", -0.1), (" is", -0.1))
-    sentence, probs, ended = first_sentence(Completion("Dijon is big. It is", tokens=toks, finish_reason="eos"))
+    sentence, probs, ended = look_ahead_sentence(Completion("Dijon is big. It is", tokens=toks, finish_reason="eos"))
     assert (sentence, ended) == ("Dijon is big.", False) and len(probs) == 4  # more text followed it
     assert probs[2] == pytest.approx(math.exp(-3.0))
     # a token that crosses the end counts, its text after the end does not enter the sentence
     toks = tokens(("Dijon", -0.1), (" is", -0.1), (" big. It", -0.1), (" is", -0.1))
-    sentence, probs, _ = first_sentence(Completion("Dijon is big. It is", tokens=toks, finish_reason="length"))
+    sentence, probs, _ = look_ahead_sentence(Completion("Dijon is big. It is", tokens=toks, finish_reason="length"))
     assert sentence == "Dijon is big." and probs == pytest.approx([math.exp(-0.1)] * 3)
     # no sentence end, the budget spent: the whole text, and the answer goes on
-    assert first_sentence(Completion("Dijon is ", tokens=toks[:2], finish_reason="length")) == \
+    assert look_ahead_sentence(Completion("Dijon is ", tokens=toks[:2], finish_reason="length")) == \
         ("Dijon is", pytest.approx([math.exp(-0.1)] * 2), False)
 
 
@@ -279,7 +279,7 @@ def test_first_sentence_cuts_at_the_sentence_end():
 ])
 def test_first_sentence_after_a_stop(text, stop, finish, sentence, ended):
     completion = Completion(text, tokens=tokens((text + (stop or ""), -0.1)), finish_reason=finish, stop=stop)
-    assert first_sentence(completion)[::2] == (sentence, ended)
+    assert look_ahead_sentence(completion)[::2] == (sentence, ended)
 
 
 def test_low_spans_group_near_tokens_and_drop_punctuation():

@@ -455,36 +455,6 @@ def parse_self_ask_step(text: str, first: bool, rule: str = "labelled") -> tuple
     return "final-prompt", "", not any(_FOLLOW_UP.search(line) for line in lines)
 
 
-# --------------------------------------------------------------------------- IRCoT's sentences
-# Words a period follows without ending a sentence (lowercase, no period): titles, "St.", months ...
-_ABBREVIATIONS = frozenset({
-    "mr", "mrs", "ms", "dr", "prof", "st", "mt", "ft", "jr", "sr", "gen", "col", "lt", "sgt", "capt", "gov",
-    "sen", "rep", "rev", "inc", "ltd", "co", "corp", "vs", "approx", "ca", "jan", "feb", "apr", "jun", "jul",
-    "aug", "sep", "sept", "oct", "nov", "dec", "e.g", "i.e", "a.m", "p.m", "u.s", "u.k",
-})
-_INITIALS = re.compile(r"(?:[a-z]\.)*[a-z]")  # "J", "U.S", "J.R.R" before the final period
-_SENTENCE_END = re.compile(r"[.!?]+[\"'”’)\]]*(?=\s|$)")
-
-
-def first_sentence(text: str) -> str:
-    """The first sentence of a reply (IRCoT keeps one CoT sentence per step), stripped; "" for none.
-
-    Rules: the reply's first non-empty line (a line break ends a sentence); on it, the first ".", "!"
-    or "?" (closing quotes or brackets after it kept) followed by whitespace or the line's end,
-    except a period after an abbreviation ("St.", "Dr.", "Jan."), an initial ("J.", "U.S.") or a list
-    number opening the line ("1."). Without one, the whole line. Linear time.
-    """
-    line = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
-    for match in _SENTENCE_END.finditer(line):
-        if line[match.start()] == ".":
-            word_start = line.rfind(" ", 0, match.start()) + 1
-            word = line[word_start:match.start()].lstrip("\"'“‘(").lower()
-            if word in _ABBREVIATIONS or _INITIALS.fullmatch(word) or (word_start == 0 and word.isdigit()):
-                continue
-        return line[:match.end()]
-    return line
-
-
 # IRCoT's stop phrase ("So the answer is: X"): "answer is", not inside a word, an optional colon.
 _ANSWER_IS = re.compile(r"(?<![A-Za-z])answer\s+is(?![\w'’])[\s*_]*:?", re.IGNORECASE)
 
@@ -705,21 +675,50 @@ def parse_triples(text: str) -> list[tuple[str, str, str]]:
     return list(triples.values())
 
 
-# ------------------------------------------------------------------------- DRAGIN's sentences
-# IRCoT's sentence rule (`first_sentence`: its abbreviations and initials) over a whole reply: a
-# line break ends a sentence too. DRAGIN's code splits with spaCy's parser, which the toolkit does not
-# ship; this rule agrees with it on the short declarative sentences of CoT answers.
-_SENTENCE_BREAK = re.compile(r"[.!?]+[\"'”’)\]]*(?=\s|$)|\n")
+# ---------------------------------------------------------------------------------- sentences
+# DRAGIN's code splits with spaCy's parser, which the toolkit does not ship; this rule agrees with it
+# on the short declarative sentences of CoT answers.
+# Words a period follows without ending a sentence (lowercase, no period): titles, "St.", months ...
+_ABBREVIATIONS = frozenset({
+    "mr", "mrs", "ms", "dr", "prof", "st", "mt", "ft", "jr", "sr", "gen", "col", "lt", "sgt", "capt", "gov",
+    "sen", "rep", "rev", "inc", "ltd", "co", "corp", "vs", "approx", "ca", "jan", "feb", "apr", "jun", "jul",
+    "aug", "sep", "sept", "oct", "nov", "dec", "e.g", "i.e", "a.m", "p.m", "u.s", "u.k",
+})
+_INITIALS = re.compile(r"(?:[a-z]\.)*[a-z]")  # "J", "U.S", "J.R.R" before the final period
+_STOP = r"[.!?]+[\"'”’)\]]*"  # a sentence's closing punctuation, closing quotes or brackets after it kept
+_SENTENCE_BREAKS = {  # open_end -> where a sentence may end
+    False: re.compile(_STOP + r"(?=\s|$)|\n"),
+    True: re.compile(_STOP + r"(?=\s)|\n"),
+}
 _NON_SPACE = re.compile(r"\S")
 _LOOKBACK = 32  # characters read back for the word before a period: abbreviations and list numbers are short
 
 
-def sentence_spans(text: str) -> list[tuple[int, int]]:
+def sentence_spans(text: str, *, abbreviations: Collection[str] = _ABBREVIATIONS, min_chars: int = 0,
+                   open_end: bool = False) -> list[tuple[int, int]]:
     """(start, end) of each sentence of `text`, in order, the whitespace around it excluded; empty
-    sentences are skipped. A list number opening a line ("1.") ends none. Linear time."""
+    sentences are skipped. The one sentence splitter of model output (IRCoT's and DRAGIN's replies,
+    FLARE's look-ahead). Linear time.
+
+    A sentence ends at ".", "!" or "?" (closing quotes or brackets after it kept) before whitespace or
+    the text's end, and at a line break. A period does not end one after a word of `abbreviations`
+    ("St.", "Dr.", "Jan."), an initial ("J.", "U.S.") or a list number opening the sentence ("1.").
+    A sentence shorter than `min_chars` characters runs on into the next. `open_end`: the text may go
+    on (a streamed look-ahead), so its end closes no sentence and the text after the last end is none.
+    """
     spans: list[tuple[int, int]] = []
     start, first = 0, None  # the sentence's start and its first non-space character (found when needed)
-    for match in _SENTENCE_BREAK.finditer(text):
+    scanned, last = 0, -1  # the text read so far, and its last non-space character
+    for match in _SENTENCE_BREAKS[open_end].finditer(text):
+        if min_chars:  # the sentence's length without the whitespace around it, each character read once
+            gap = text[scanned:match.start()].rstrip()
+            last = match.end() - 1 if text[match.start()] != "\n" else scanned + len(gap) - 1 if gap else last
+            scanned = match.end()
+            if first is None:
+                found = _NON_SPACE.search(text, start)
+                first = found.start() if found else len(text)
+            if last - first + 1 < min_chars:
+                continue
         if text[match.start()] == ".":
             # the run of non-space characters just before the period (a regex `\S*$` over the window
             # retries at every position of it: quadratic in the window, 10 s on 120 KB of "Dr. ")
@@ -730,11 +729,12 @@ def sentence_spans(text: str) -> list[tuple[int, int]]:
             if word.isdigit() and first is None:
                 found = _NON_SPACE.search(text, start)
                 first = found.start() if found else len(text)
-            if word in _ABBREVIATIONS or _INITIALS.fullmatch(word) or (word.isdigit() and word_start == first):
+            if word in abbreviations or _INITIALS.fullmatch(word) or (word.isdigit() and word_start == first):
                 continue
         _add_span(text, start, match.end(), spans)
         start, first = match.end(), None
-    _add_span(text, start, len(text), spans)
+    if not open_end:
+        _add_span(text, start, len(text), spans)
     return spans
 
 

@@ -100,6 +100,9 @@ def write_corpus_jsonl(passages: Iterable[Passage], path: str | os.PathLike[str]
 CHUNK_TOKENS = 256
 CHUNK_OVERLAP_TOKENS = 32
 _TOKEN = re.compile(r"\w+|[^\w\s]")
+# Not `parsing.sentence_spans`: this split also drops the closing quotes or brackets after a sentence's
+# end ('Radio "Moving Pictures." It' -> 'Radio "Moving Pictures.'), and the corpora built so far have
+# their chunks cut so; the shared splitter would change the chunks, so their hashes, of a rebuilt corpus.
 _SENTENCE_END = re.compile(r"(?<=[.!?])[\"'”’)\]]*\s+|\n\s*\n+")
 
 

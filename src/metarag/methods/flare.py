@@ -9,7 +9,7 @@ One question, as a policy over the shared runner loop:
 2. Until the answer ends or the length budget is spent, per sentence:
    - look ahead: the model continues the partial answer (an Ask whose last message is the partial
      assistant turn, continued, not closed) with per-token probabilities, for up to
-     `look_ahead_tokens` tokens or to the first sentence end (`first_sentence`);
+     `look_ahead_tokens` tokens or to the first sentence end (`look_ahead_sentence`);
    - if every token's probability is at least θ, the sentence is kept as written ("keep");
    - else ("retrieve") the query is the sentence with the tokens below β masked out (§3.2.2,
      implicit query; `masked_query`) or, with `query_mode="question"`, one generated question per
@@ -57,7 +57,7 @@ from metarag.errors import ConfigError
 from metarag.llm.base import Decoding
 from metarag.methods.fixed_point import LoopState
 from metarag.methods.runner import Policy
-from metarag.parsing import clean_answer, marked_answer
+from metarag.parsing import clean_answer, marked_answer, sentence_spans
 from metarag.policy.actions import Ask, Note, Search
 from metarag.policy.evidence import evidence_prompt, format_passages
 from metarag.records import Completion, Hit, Message, Question
@@ -174,7 +174,7 @@ class FLARE:
                 states.append(list(context))
             budget = min(s.look_ahead_tokens, s.max_tokens - used)
             look = yield from _sentence("look-ahead", task, context, answer, budget)
-            sentence, probs, ended = first_sentence(look)
+            sentence, probs, ended = look_ahead_sentence(look)
             if not sentence.strip():
                 break
             lowest = min(probs, default=1.0)
@@ -192,7 +192,7 @@ class FLARE:
                         found.append((yield Search(q, s.k)))
                     context = merge_round_robin(found, s.k)
                     chosen = yield from _sentence("regenerate", task, context, answer, budget)
-                    sentence, probs, ended = first_sentence(chosen)
+                    sentence, probs, ended = look_ahead_sentence(chosen)
             choice = "retrieve" if chosen is not look else "keep"
             yield Note("flare-sentence", choice, (("sentence", float(index)), ("min_prob", lowest),
                                                   ("masked", float(masked)), ("tokens", float(len(probs))),
@@ -269,29 +269,17 @@ def _pieces(completion: Completion, n: int) -> list[str]:
 # ------------------------------------------------------------------------------------ sentences
 _ABBREVIATIONS = frozenset({"mr", "mrs", "ms", "dr", "st", "jr", "sr", "prof", "vs", "etc", "no", "mt", "inc",
                             "ltd", "co", "gen", "col", "lt", "sgt", "capt", "rev", "fig", "vol", "ca"})
-_BOUNDARY = re.compile(r"[.!?]+[\"'”’)\]]*(?=\s)|\n")
 
 
 def sentence_end(text: str, min_chars: int = MIN_SENTENCE_CHARS) -> int | None:
     """The end (exclusive, trailing whitespace not included) of the first sentence of `text`, or None
-    when no sentence boundary closes one: ., ! or ? (closing quotes or brackets included) before
-    whitespace, or a line break. Not after an abbreviation ("Dr.", "U.S.", an initial) or before
-    `min_chars` characters (the released code's sentencizer rules, without its trained model)."""
-    start = len(text) - len(text.lstrip())
-    for m in _BOUNDARY.finditer(text, start):
-        end = m.start() if m.group() == "\n" else m.end()
-        if len(text[start:end].strip()) < min_chars:
-            continue
-        if m.group().startswith("."):
-            word = re.search(r"(\S+)$", text[:m.start()])
-            w = word.group(1).lower().lstrip("(\"'") if word else ""
-            if len(w) == 1 or (w and "." in w and len(w.replace(".", "")) <= 3) or w in _ABBREVIATIONS:
-                continue
-        return end
-    return None
+    when no sentence boundary closes one yet: `parsing.sentence_spans` on a text that goes on, with
+    `_ABBREVIATIONS` and `min_chars` (the released code's sentencizer rules, without its trained model)."""
+    spans = sentence_spans(text, abbreviations=_ABBREVIATIONS, min_chars=min_chars, open_end=True)
+    return spans[0][1] if spans else None
 
 
-def first_sentence(completion: Completion) -> tuple[str, list[float], bool]:
+def look_ahead_sentence(completion: Completion) -> tuple[str, list[float], bool]:
     """(the completion's first sentence, its tokens' probabilities, whether the answer ends with it).
 
     The sentence is the output through the stop string that ended it (`SENTENCE_STOPS`), cut at

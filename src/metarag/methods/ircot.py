@@ -7,7 +7,7 @@ One question, as a policy over the shared runner loop:
 1. Retrieve the top-K paragraphs for the question.
 2. Reason: the model continues its chain of thought (an assistant turn it writes on, after two
    demonstrations) over the paragraphs collected so far; only the first sentence is kept
-   (`parsing.first_sentence`). The chain stops at a sentence with "answer is" (the paper's
+   (`first_sentence`). The chain stops at a sentence with "answer is" (the paper's
    "So the answer is:", `parsing.answer_is`), at an empty sentence, or after `max_steps` sentences.
 3. Retrieve: otherwise the last sentence that is not a reasoning step ("So ...", "Thus ...", the
    code's rule) is the query; its top-K paragraphs not yet collected are appended, up to
@@ -40,7 +40,7 @@ from typing import Literal
 from metarag.llm.base import Decoding
 from metarag.methods.fixed_point import LoopState
 from metarag.methods.runner import Policy
-from metarag.parsing import answer_is, clean_answer, extract_short_answer, first_sentence
+from metarag.parsing import answer_is, clean_answer, extract_short_answer, sentence_spans
 from metarag.policy.actions import Ask, Note, Search
 from metarag.policy.evidence import evidence_prompt, format_passages
 from metarag.records import Hit, Message, Question
@@ -190,6 +190,15 @@ def collect(paragraphs: list[Hit], hits: list[Hit], cap: int) -> list[Hit]:
             ids.add(hit.passage.id)
             out.append(hit)
     return out
+
+
+def first_sentence(text: str) -> str:
+    """The first sentence of a reply (IRCoT keeps one CoT sentence per step), stripped; "" for none:
+    the first sentence (`parsing.sentence_spans`) of the reply's first non-empty line, the whole line
+    when nothing ends one."""
+    line = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
+    spans = sentence_spans(line)
+    return line[spans[0][0]:spans[0][1]] if spans else ""
 
 
 def is_reasoning_sentence(sentence: str) -> bool:
