@@ -579,3 +579,26 @@ def test_full_fine_tuning_with_a_kl_term_takes_the_starting_policy_as_reference(
     name = "model.layers.0.mlp.up_proj.weight"
     assert torch.equal(reference[name], dict(base.named_parameters())[name])  # the policy as it started
     assert not torch.equal(policy[name], reference[name])  # which the step moved away from
+
+
+def test_a_run_resumes_after_a_reward_setting_is_added_at_its_default_not_after_one_is_changed(tmp_path):
+    import dataclasses
+    import json
+
+    from metarag.errors import ConfigError
+    from metarag.train.agent import MANIFEST, TRAINER_DIR, _check_resumable
+    from metarag.train.rewards import RewardSettings
+
+    now = {"method": "belief-agent", "reward": "belief", "reward_settings": dataclasses.asdict(RewardSettings())}
+    saved = {**now, "reward_settings": {k: v for k, v in now["reward_settings"].items() if k != "refine_weight"}}
+    checkpoint = tmp_path / TRAINER_DIR / "checkpoint-5"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "trainer_state.json").write_text("{}")
+    (checkpoint / MANIFEST).write_text(json.dumps(saved))
+    _check_resumable(tmp_path, now)  # the run predates refine_weight: it had the default
+    changed = {**now, "reward_settings": {**now["reward_settings"], "consistency_weight": 0.3}}
+    with pytest.raises(ConfigError, match="another reward_settings"):
+        _check_resumable(tmp_path, changed)
+    added_off_default = {**now, "reward_settings": {**now["reward_settings"], "refine_weight": 0.5}}
+    with pytest.raises(ConfigError, match="another reward_settings"):
+        _check_resumable(tmp_path, added_off_default)

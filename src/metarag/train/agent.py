@@ -992,6 +992,15 @@ def _last_checkpoint(out: Path) -> Path | None:
 _RESUME_KEYS = ("method", "reward", "reward_settings", "judge_settings", "base_model_sha256", "data_sha256", "lora")
 
 
+def _settings_defaults(key: str) -> dict[str, Any]:
+    """The defaults of the settings class a manifest's `key` records (reward or HiPRAG judge settings)."""
+    from metarag.judges.process import ProcessJudgeSettings
+    from metarag.train.rewards import RewardSettings
+
+    cls = {"reward_settings": RewardSettings, "judge_settings": ProcessJudgeSettings}.get(key)
+    return dataclasses.asdict(cls()) if cls is not None else {}
+
+
 def _check_resumable(out: Path, manifest: dict[str, Any]) -> None:
     """A folder holding a run with another model, data or reward is refused, not silently resumed."""
     last = _last_checkpoint(out)
@@ -999,7 +1008,14 @@ def _check_resumable(out: Path, manifest: dict[str, Any]) -> None:
         return
     old = json.loads((last / MANIFEST).read_text())
     for key in _RESUME_KEYS:
-        if key in manifest and json.dumps(old.get(key), default=str) != json.dumps(manifest.get(key), default=str):
+        before, now = old.get(key), manifest.get(key)
+        if isinstance(before, dict) and isinstance(now, dict):
+            # a setting added since the run was saved, at its default, is what the run had
+            defaults = _settings_defaults(key)
+            before = {**{k: v for k, v in now.items() if k not in before and k in defaults and defaults[k] == v},
+                      **before}
+        if key in manifest and json.dumps(before, default=str, sort_keys=True) != json.dumps(now, default=str,
+                                                                                             sort_keys=True):
             raise ConfigError(f"{out} holds a training run with another {key} ({old.get(key)!r}, now "
                               f"{manifest.get(key)!r}): give a new --out, or the same settings to resume")
 
