@@ -19,10 +19,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 PRESETS = ("hotpotqa-dev500", "2wiki-dev1000", "multihop-rag-500", "hotpotqa-train100", "musique-train100")
@@ -142,6 +144,8 @@ def main() -> None:
                         help="the batched service's batch_window_s in ms (default: ServiceSettings')")
     args = parser.parse_args()
     if args.serve is not None:
+        # a child exits when its stdin closes: with its parent, however that ends
+        threading.Thread(target=lambda: (sys.stdin.read(), os._exit(0)), daemon=True).start()
         serve(args.passages, json.loads(args.serve))
         return
 
@@ -154,7 +158,7 @@ def main() -> None:
     batched = {} if args.window_ms is None else {"batch_window_s": args.window_ms / 1000}
     for name, settings in (("unbatched", UNBATCHED), ("batched", batched)):
         child = subprocess.Popen([sys.executable, __file__, "--serve", json.dumps(settings), "--passages",
-                                  str(args.passages)], stdout=subprocess.PIPE, text=True)
+                                  str(args.passages)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         try:
             host, port = child.stdout.readline().strip().removeprefix("http://").rsplit(":", 1)
             for clients in counts:

@@ -11,11 +11,12 @@ questions are repeated (ids made unique) so that every row runs several waves of
 
 Marginal throughput leaves out what a run spends once (start-up, the first and last waves): each
 row runs `--waves` x K questions and half as many, and divides the extra questions by the extra
-seconds; "of ideal" divides that by K / (latency x requests per question). "peak" is the most
+seconds (each the least of `--repeat` runs); "of ideal" divides that by K / (latency x requests
+per question). "peak" is the most
 requests the stand-in saw in flight at once in the longer run (K at best).
 
     .venv/bin/python benchmarks/served_throughput.py [--workers 16,64,256] [--latency 0.5]
-        [--methods standard-rag,ircot] [--dataset hotpotqa-dev500] [--waves 4]
+        [--methods standard-rag,ircot] [--dataset hotpotqa-dev500] [--waves 4] [--repeat 1]
     .venv/bin/python benchmarks/served_throughput.py --serve [--port 0] [--latency 0.5]   # the stand-in alone
 """
 from __future__ import annotations
@@ -24,9 +25,11 @@ import argparse
 import asyncio
 import json
 import math
+import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -112,8 +115,9 @@ class StandIn:
     """The stand-in in a subprocess (its own interpreter, so it never competes for this one's GIL)."""
 
     def __init__(self, latency_s: float):
-        self.proc = subprocess.Popen([sys.executable, __file__, "--serve", "--latency", str(latency_s)],
-                                     stdout=subprocess.PIPE, text=True)
+        # it exits when its stdin closes: with this process, however this one ends
+        self.proc = subprocess.Popen([sys.executable, __file__, "--serve", "--latency", str(latency_s),
+                                      "--exit-with-stdin"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         self.url = f"http://127.0.0.1:{int(self.proc.stdout.readline())}"
 
     def stats(self, reset: bool = False) -> dict:
@@ -138,7 +142,7 @@ def timed(method: str, workers: int, n: int, stand_in: StandIn, retriever, quest
     config = EvalConfig(method=method, dataset=DatasetSpec(file=questions_file, format="ircot", limit=n),
                         llm=LLMSpec(backend="openai", base_url=llm.settings.base_url, model="stand-in",
                                     response_cache=False),
-                        workers=workers, runs_dir=f"{runs_dir}/{method}-{workers}-{n}")
+                        workers=workers, runs_dir=tempfile.mkdtemp(dir=runs_dir))  # a fresh run each time
     stand_in.stats(reset=True)
     start = time.perf_counter()
     _, results = evaluate(config, progress=False, llm=llm, retriever=retriever)
@@ -146,16 +150,20 @@ def timed(method: str, workers: int, n: int, stand_in: StandIn, retriever, quest
 
 
 def measure(method: str, workers: int, waves: int, stand_in: StandIn, retriever, questions_file: str,
-            latency_s: float, runs_dir: str) -> dict:
-    """One row: the extra questions of a run of `waves` x K over a run of half as many, per extra second."""
-    short, _, _ = timed(method, workers, waves // 2 * workers, stand_in, retriever, questions_file, runs_dir)
-    long, stats, results = timed(method, workers, waves * workers, stand_in, retriever, questions_file, runs_dir)
+            latency_s: float, runs_dir: str, repeat: int = 1) -> dict:
+    """One row: the extra questions of a run of `waves` x K over a run of half as many, per extra
+    second; each run's time is the least of `repeat` (a loaded machine's noise only adds time)."""
+    short = min(timed(method, workers, waves // 2 * workers, stand_in, retriever, questions_file, runs_dir)[0]
+                for _ in range(repeat))
+    longs = [timed(method, workers, waves * workers, stand_in, retriever, questions_file, runs_dir)
+             for _ in range(repeat)]
+    long, stats, results = min(longs, key=lambda run: run[0])
     requests = stats["requests"] / len(results)
     extra = (waves - waves // 2) * workers
     ideal = workers / (latency_s * requests)
     return {"questions": len(results), "failed": sum(r.failed for r in results), "requests": requests,
             "marginal": extra / (long - short), "ideal": ideal, "share": extra / (long - short) / ideal,
-            "peak": stats["peak"], "connections": stats["connections"]}
+            "peak": max(run[1]["peak"] for run in longs), "connections": stats["connections"]}
 
 
 def questions_file_of(dataset: str) -> Path:
@@ -180,13 +188,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--serve", action="store_true", help="run the stand-in server alone (prints its port)")
     parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--exit-with-stdin", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--latency", type=float, default=0.5, help="seconds the stand-in takes per request")
     parser.add_argument("--workers", default="16,64,256")
     parser.add_argument("--methods", default="standard-rag,ircot")
     parser.add_argument("--dataset", default="hotpotqa-dev500", help="a preset in the IRCoT format")
     parser.add_argument("--waves", type=int, default=4, help="questions per row: this many times K")
+    parser.add_argument("--repeat", type=int, default=1, help="time each run this many times, keep the least "
+                                                               "(a loaded machine's noise only slows a run)")
     args = parser.parse_args()
     if args.serve:
+        if args.exit_with_stdin:
+            threading.Thread(target=lambda: (sys.stdin.read(), os._exit(0)), daemon=True).start()
         serve(args.port, args.latency, REPLY)
         return
 
@@ -207,8 +220,8 @@ def main() -> None:
                   f"{'of ideal':>10}{'peak in flight':>16}")
             for method in args.methods.split(","):
                 for workers in ks:
-                    row = measure(method, workers, args.waves, stand_in, retriever, questions_file,
-                                  args.latency, tmp)
+                    row = measure(method, workers, args.waves, stand_in, retriever, questions_file, args.latency,
+                                  tmp, args.repeat)
                     failed = f"  ({row['failed']} failed)" if row["failed"] else ""
                     print(f"{method:<14}{workers:>5}{row['questions']:>11}{row['requests']:>7.1f}"
                           f"{row['marginal']:>14.1f}{row['ideal']:>11.1f}{row['share']:>10.2f}"
