@@ -6,6 +6,7 @@ the URL and what went wrong.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import threading
@@ -66,26 +67,33 @@ class OpenAICompatLLM:
         self._openai = openai
         self.settings = settings
         self._api_key = os.environ.get(settings.api_key_env) or "EMPTY"
-        self._tls = None  # one TLS context for every thread's client (making one costs ~50 ms)
-        self._threads = threading.local()
+        self._tls = None  # one TLS context for every client (making one costs ~50 ms)
+        self._idle: list = []  # clients not in use: a request takes one (or makes one) and puts it back
+        self._idle_lock = threading.Lock()
         self.identity = f"openai:{settings.model}@{settings.base_url}"
 
-    @property
-    def client(self):
-        """This thread's client. One connection pool per thread: with hundreds of requests in flight
-        from the harness's threads, one shared pool is the bottleneck (httpx's pool does work that grows
-        with its connections under one lock, for each request and each response)."""
-        client = getattr(self._threads, "client", None)
+    @contextlib.contextmanager
+    def _client(self):
+        """A client no other request is using, for one request. Each has its own connection pool:
+        with hundreds of requests in flight from the harness's threads, one shared pool is the
+        bottleneck (httpx's pool does work that grows with its connections under one lock, for
+        each request and each response). Clients are kept and reused, so their connections are."""
+        with self._idle_lock:
+            client = self._idle.pop() if self._idle else None
         if client is None:
             openai = self._openai
             if self._tls is None:
                 import httpx2
 
                 self._tls = httpx2.create_ssl_context()
-            client = self._threads.client = openai.OpenAI(
-                base_url=self.settings.base_url, api_key=self._api_key, timeout=self.settings.timeout_s,
-                max_retries=0, http_client=openai.DefaultHttpxClient(verify=self._tls))
-        return client
+            client = openai.OpenAI(base_url=self.settings.base_url, api_key=self._api_key,
+                                   timeout=self.settings.timeout_s, max_retries=0,
+                                   http_client=openai.DefaultHttpxClient(verify=self._tls))
+        try:
+            yield client
+        finally:
+            with self._idle_lock:
+                self._idle.append(client)
 
     # -------------------------------------------------------------------------------- protocol
     # What the HTTP API gives: tokens (text and log-prob, top alternatives) only when logprobs are
@@ -103,7 +111,7 @@ class OpenAICompatLLM:
             kwargs["stop"] = list(decoding.stop)
         if decoding.logprobs:
             kwargs["logprobs"] = decoding.logprobs
-        response, latency = self._call(self.client.completions.create, **kwargs)
+        response, latency = self._call(lambda client: client.completions.create, **kwargs)
         choice = response.choices[0]
         tokens = None
         if decoding.logprobs and choice.logprobs is not None and choice.logprobs.tokens:
@@ -130,7 +138,7 @@ class OpenAICompatLLM:
             kwargs["stop"] = list(decoding.stop)
         if decoding.logprobs:
             kwargs.update(logprobs=True, top_logprobs=decoding.logprobs)
-        response, latency = self._call(self.client.chat.completions.create, **kwargs)
+        response, latency = self._call(lambda client: client.chat.completions.create, **kwargs)
         choice = response.choices[0]
         tokens = None
         if decoding.logprobs and choice.logprobs is not None and choice.logprobs.content:
@@ -229,7 +237,8 @@ class OpenAICompatLLM:
         per question: one `GET {base_url}/models`, no retry. A server that answers 404 there is up."""
         openai, url = self._openai, self.settings.base_url
         try:
-            self.client.with_options(timeout=timeout_s, max_retries=0).models.list()
+            with self._client() as client:
+                client.with_options(timeout=timeout_s, max_retries=0).models.list()
         except openai.APITimeoutError:
             raise BackendError(f"LLM server at {url} did not answer GET /models within {timeout_s:g} s (hung, or "
                                "still loading?)", retryable=True) from None
@@ -243,13 +252,15 @@ class OpenAICompatLLM:
                                retryable=exc.status_code >= 500 or exc.status_code == 429) from None
 
     # ------------------------------------------------------------------------------- transport
-    def _call(self, method, **kwargs):
+    def _call(self, endpoint, **kwargs):
+        """`endpoint(client)(**kwargs)` and its latency, retried as the module docstring says."""
         openai, settings = self._openai, self.settings
 
         def attempt():
             start = time.perf_counter()
             try:
-                return method(**kwargs), time.perf_counter() - start
+                with self._client() as client:
+                    return endpoint(client)(**kwargs), time.perf_counter() - start
             except (openai.APIConnectionError, openai.RateLimitError, openai.InternalServerError) as exc:
                 raise BackendError(_brief(exc), retryable=True) from None
             except openai.APIStatusError as exc:
