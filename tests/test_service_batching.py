@@ -134,3 +134,12 @@ def test_health_answers_while_a_long_search_runs():
         assert time.perf_counter() - start < 2.5
         assert searching.is_alive()  # /health was answered while the search was still running
         searching.join()
+
+
+def test_serve_retriever_refuses_a_bad_setting_before_loading_the_index(tmp_path, capsys):
+    from metarag.cli import main
+
+    assert main(["serve-retriever", "--index", str(tmp_path / "none"), "--set", "max_tpk=5"]) != 0
+    assert "no setting 'max_tpk' (did you mean max_topk" in capsys.readouterr().err
+    assert main(["serve-retriever", "--index", str(tmp_path / "none"), "--set", "max_topk=0"]) != 0
+    assert "setting 'max_topk' must be >= 1, got 0" in capsys.readouterr().err

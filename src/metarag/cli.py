@@ -184,6 +184,9 @@ def _add_serve_retriever(sub) -> None:
     srv.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1; 0.0.0.0: every "
                      "interface)")
     srv.add_argument("--port", type=port_number, default=8000, help="port, 0..65535 (0: a free one; default: 8000)")
+    srv.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                     help="a batching setting or request limit (repeatable): batch_window_s, max_batch_queries, "
+                          "max_body_bytes, max_queries, max_query_chars, max_topk, max_hits (see ServiceSettings)")
     srv.set_defaults(handler=cmd_serve_retriever)
 
 
@@ -687,11 +690,13 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def cmd_serve_retriever(args: argparse.Namespace) -> int:
     from metarag.retrieve.index import open_saved
-    from metarag.retrieve.service import check_address, serve
+    from metarag.retrieve.service import ServiceSettings, check_address, serve
+    from metarag.settings import override, parse_assignments
 
     check_address(args.host, args.port)  # before the index loads
+    settings = override(ServiceSettings(), parse_assignments(args.set), owner="serve-retriever")
     retriever = open_saved(args.index, args.retriever, args.corpus)
-    serve(retriever, args.host, args.port, on_listening=lambda url: print(
+    serve(retriever, args.host, args.port, settings=settings, on_listening=lambda url: print(
         f"serving {args.retriever} over {args.index} on {url} (POST /retrieve, GET /health)", file=sys.stderr,
         flush=True))
     return 0

@@ -28,6 +28,7 @@ from metarag.errors import BackendError, ConfigError, DataError, MetaRAGError, M
 from metarag.records import Hit
 from metarag.retrieve.base import Retriever
 from metarag.retrieve.fusion import batch_search
+from metarag.settings import check_ranges, setting
 
 DEFAULT_TOPK = 3  # Search-R1's retrieval server answers 3 passages when topk is not given
 REQUEST_FIELDS = ("queries", "topk", "exclude", "return_scores")
@@ -49,13 +50,16 @@ class ServiceSettings:
     to 1,024 queries) and keep an answer under ~16 MB (a hit is ~1.5 KB: its text is sent thrice).
     """
 
-    batch_window_s: float = 0.0
-    max_batch_queries: int = 1024
-    max_body_bytes: int = 1_000_000
-    max_queries: int = 1024
-    max_query_chars: int = 2_000
-    max_topk: int = 1000
-    max_hits: int = 10_000
+    batch_window_s: float = setting(0.0, ge=0)
+    max_batch_queries: int = setting(1024, ge=1)
+    max_body_bytes: int = setting(1_000_000, ge=1)
+    max_queries: int = setting(1024, ge=1)
+    max_query_chars: int = setting(2_000, ge=1)
+    max_topk: int = setting(1000, ge=1)
+    max_hits: int = setting(10_000, ge=1)
+
+    def __post_init__(self):
+        check_ranges(self)
 
 
 LIMITS = ServiceSettings()
