@@ -471,7 +471,7 @@ def test_ivfpq_builds_saves_reopens_and_finds_what_flat_finds(tmp_path, encoders
     import json
 
     from metarag.retrieve.dense import DenseRetriever, with_index_type
-    from metarag.retrieve.index import open_dense
+    from metarag.retrieve.index import open_dense, open_saved, save_corpus
 
     folders, loaded = encoders
     loaded["enc-a"] = encoder = LatentEncoder(dim=32)
@@ -502,6 +502,10 @@ def test_ivfpq_builds_saves_reopens_and_finds_what_flat_finds(tmp_path, encoders
     # nprobe is a search setting: applied to the saved index, never a reason to rebuild.
     fewer = open_dense(passages, idx, replace(settings, ivf_nprobe=2), show_progress=False)
     assert snapshot(fewer.index_dir) == files and fewer.index_type == "ivfpq" and fewer._index.nprobe == 2
+    # The retrieval service opens an index as it was built, no settings given.
+    save_corpus(idx, passages)
+    served = open_saved(idx, "dense")
+    assert served.index_type == "ivfpq" and snapshot(served.index_dir) == files
     # The code size shapes the index: a change rebuilds it, as does another index type.
     assert open_dense(passages, idx, replace(settings, pq_m=8), show_progress=False)._index.pq.M == 8
     assert open_dense(passages, idx, with_index_type(settings, "hnsw"), show_progress=False).index_type == "hnsw"
