@@ -47,8 +47,8 @@ class DenseSettings:
     dimensions, 32 times smaller), trained on `ivfpq_train_points` vectors per cluster or per code
     book entry, whichever are more, sampled across the corpus (FAISS asks for at least 39). A build
     encodes `chunk_size` passages at a time, each chunk saved as it finishes so an interrupted build
-    resumes. `cache_size` recent answers and query embeddings are kept per
-    retriever within a run. Fields in `OUTSIDE_FINGERPRINT` never force a rebuild.
+    resumes. `cache_size` recent answers and query embeddings are kept per retriever within a run.
+    Fields in `OUTSIDE_FINGERPRINT` never force a rebuild.
     """
 
     encoder: str | None = None
@@ -161,8 +161,8 @@ class DenseRetriever:
 
     A flat FAISS index searches exactly, so its results do not depend on index training; HNSW and
     IVF (corpora beyond `settings.ann_threshold`) trade a little recall for speed, IVF-PQ more
-    recall for a far smaller index. The last
-    `settings.cache_size` answers and query embeddings are kept for repeats within a run.
+    recall for a far smaller index. The last `settings.cache_size` answers and query embeddings
+    are kept for repeats within a run.
     """
 
     name = "dense"
