@@ -42,13 +42,14 @@ from metarag.methods.evoctx import (
     choose_action,
     decision_llm_spec,
     extend_context,
+    parse_decision,
     passage_tokens,
     truncate_passage,
 )
 from metarag.methods.iterdrag import IterDRAG, IterDRAGSettings
 from metarag.methods.runner import Runtime, run
 from metarag.metrics import AnswerScores
-from metarag.parsing import parse_decision, parse_step, strip_label
+from metarag.parsing import parse_step, strip_label
 from metarag.records import Decide, Generate, Hit, Judge, Passage, Question, Retrieve, Score, Trace, Usage
 from metarag.retrieve.memory import MemoryRetriever
 

@@ -9,10 +9,17 @@ from timing import growth, superlinear
 
 from metarag.errors import ConfigError
 from metarag.llm.scripted import ScriptedLLM
-from metarag.methods.ircot import IRCoT, IRCoTSettings, collect, first_sentence, is_reasoning_sentence, retrieval_query
+from metarag.methods.ircot import (
+    IRCoT,
+    IRCoTSettings,
+    answer_is,
+    collect,
+    first_sentence,
+    is_reasoning_sentence,
+    retrieval_query,
+)
 from metarag.methods.registry import build_method
 from metarag.methods.runner import Runtime, run
-from metarag.parsing import answer_is
 from metarag.policy.actions import Note
 from metarag.records import Decide, Generate, Hit, Passage, Question, Retrieve
 from metarag.retrieve.memory import MemoryRetriever

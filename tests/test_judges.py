@@ -1,12 +1,12 @@
 """The judges' verdict parsers on adversarial model output, and the LLM judges on scripted probabilities."""
 import pytest
 
-from metarag.judges.llm_judges import ExpertQA, ReasoningCheck, external_sufficiency
+from metarag.judges.llm_judges import ExpertQA, ReasoningCheck, external_sufficiency, parse_reasoning_check
 from metarag.judges.models import make_entailment, make_expert
 from metarag.judges.similarity import AnswerSimilarity
 from metarag.llm.scripted import ScriptedLLM
 from metarag.methods.runner import Runtime, drive
-from metarag.parsing import first_json_object, parse_reasoning_check, parse_yes_no
+from metarag.parsing import first_json_object, parse_yes_no
 from metarag.records import Generate, Score
 
 

@@ -11,10 +11,9 @@ from test_methods import without_latency
 
 from metarag.errors import ConfigError
 from metarag.llm.scripted import ScriptedLLM
-from metarag.methods.kirag import KiRAG, KiRAGSettings, Triple, chain_query, first_cut, rank_passages
+from metarag.methods.kirag import KiRAG, KiRAGSettings, Triple, chain_query, first_cut, parse_triples, rank_passages
 from metarag.methods.registry import build_method
 from metarag.methods.runner import Runtime, run
-from metarag.parsing import parse_triples
 from metarag.records import Decide, Generate, Hit, Passage, Question, Retrieve, Score
 from metarag.retrieve.memory import MemoryRetriever
 

@@ -15,10 +15,10 @@ from hypothesis import strategies as st
 from timing import GIVE_UP_S, superlinear
 
 from metarag import parsing
+from metarag.judges.llm_judges import REASONING_ERRORS, parse_reasoning_check
+from metarag.methods.evoctx import ACTIONS, parse_decision
+from metarag.methods.sim_rag import parse_query
 from metarag.parsing import (
-    DECISION_ACTIONS,
-    NO_IDS,
-    REASONING_ERRORS,
     STEP_KINDS,
     clean_answer,
     clean_line,
@@ -28,14 +28,11 @@ from metarag.parsing import (
     labelled_fields,
     marked_answer,
     parse_answer_rationale,
-    parse_decision,
-    parse_permutation,
-    parse_query,
-    parse_reasoning_check,
     parse_step,
     parse_yes_no,
     strip_label,
 )
+from metarag.rerank.listwise import NO_IDS, parse_permutation
 
 SRC = Path(parsing.__file__).parent
 
@@ -163,7 +160,7 @@ def test_verdict_and_action_parsers_return_a_value_of_their_set(text):
     assert kind in STEP_KINDS and isinstance(unlabelled, bool)
     assert (step != "") == (kind != "final-prompt")
     action, reasoning = parse_decision(text)
-    assert action in (*DECISION_ACTIONS, None) and isinstance(reasoning, str)
+    assert action in (*ACTIONS, None) and isinstance(reasoning, str)
     assert parse_decision(text, ("A", "B"))[0] in ("A", "B", None)
     answer, rationale = parse_answer_rationale(text)
     assert isinstance(answer, str) and isinstance(rationale, str)
@@ -208,17 +205,19 @@ ADVERSARIAL = ["{", '{"a": ', "{x", "answer:", "answer is ", "answer:\n", "answe
                # [before, repeated, after]: one label or marker followed by a long run of spaces
                *([label, " ", "x"] for label in ("Query", "Sub-question 2", "answer", "Answer:", "so the final",
                                                  "Follow up", "Action", "Reasoning", "Error", "1", "[1", "{"))]
-READERS = ["first_json_object", "parse_yes_no", "parse_answer_rationale", "extract_short_answer", "clean_answer",
-           "parse_decision", "parse_step", "parse_reasoning_check", "parse_query", "parse_permutation", "strip_label"]
+READERS = ["parsing.first_json_object", "parsing.parse_yes_no", "parsing.parse_answer_rationale",
+           "parsing.extract_short_answer", "parsing.clean_answer", "parsing.parse_step", "parsing.strip_label",
+           "methods.evoctx.parse_decision", "judges.llm_judges.parse_reasoning_check", "methods.sim_rag.parse_query",
+           "rerank.listwise.parse_permutation"]
 # Run in a child process, so that a reader gone quadratic fails within the timeout instead of hanging
 # the suite: for each piece, the best of 3 timings on 12 KB and on 120 KB of it repeated, interleaved
 # (tests/timing.py's `growth`; the large one skipped where the small one took GIVE_UP_S).
 _TIMER = """
-import json, sys, time
-from metarag import parsing
+import importlib, json, sys, time
 name, pieces, give_up = sys.argv[1], json.loads(sys.argv[2]), float(sys.argv[3])
-reader = getattr(parsing, name)
-if name == "parse_permutation":
+module, _, function = name.rpartition(".")
+reader = getattr(importlib.import_module("metarag." + module), function)
+if function == "parse_permutation":
     reader = lambda text, f=reader: f(text, 20)
 def timed(text):
     start = time.perf_counter(); reader(text); return time.perf_counter() - start
@@ -281,16 +280,22 @@ def test_methods_import_nothing_from_evaluate():
         assert not bad, f"{path.name} imports {bad}"
 
 
-def test_no_reader_of_model_output_is_left_outside_parsing():
-    # the old homes of the readers hold none of them any more
-    assert not (SRC / "judges" / "parse.py").exists()
-    for module, names in {"metrics.py": ("extract_short_answer", "marked_answer"),
-                          "policy/evidence.py": ("clean_answer",),
-                          "methods/sim_rag.py": ("parse_answer", "parse_query"),
-                          "methods/iterdrag.py": ("parse_step", "final_after"),
-                          "methods/evoctx.py": ("parse_decision", "strip_label"),
-                          "judges/llm_judges.py": ("parse_reasoning_check",),
-                          "rerank/listwise.py": ("parse_permutation",)}.items():
-        tree = ast.parse((SRC / module).read_text(encoding="utf-8"))
-        defined = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
-        assert not defined & set(names), (module, defined & set(names))
+def test_every_reader_in_parsing_is_read_by_more_than_one_module():
+    # a reader one module alone uses lives in that module (ReAct's actions in methods/react.py ...);
+    # parsing keeps the shared ones, and those its own readers are built from
+    tree = ast.parse((SRC / "parsing.py").read_text(encoding="utf-8"))
+    public = {n.name for n in tree.body if isinstance(n, ast.FunctionDef) and not n.name.startswith("_")}
+    used_inside = {n.id for f in tree.body if isinstance(f, ast.FunctionDef)
+                   for n in ast.walk(f) if isinstance(n, ast.Name) and n.id != f.name}
+    readers: dict[str, set[str]] = {name: set() for name in public}
+    for path in SRC.rglob("*.py"):
+        if path.name == "parsing.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module == "metarag.parsing":
+                for alias in node.names:
+                    readers.get(alias.name, set()).add(str(path.relative_to(SRC)))
+    shared_contract = {"read_agent_action", "agent_closing_tag"}  # the search agents' step format (STYLE.md)
+    lonely = {name: sorted(found) for name, found in readers.items()
+              if len(found) < 2 and name not in used_inside | shared_contract}
+    assert not lonely, f"readers one module uses, to move into it: {lonely}"

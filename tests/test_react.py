@@ -14,10 +14,19 @@ from timing import growth, superlinear
 
 from metarag.errors import ConfigError
 from metarag.llm.scripted import ScriptedLLM
-from metarag.methods.react import INVALID, NO_MORE, ReAct, ReActSettings, _Lookup, sentences
+from metarag.methods.react import (
+    INVALID,
+    NO_MORE,
+    REACT_ACTIONS,
+    ReAct,
+    ReActSettings,
+    _Lookup,
+    parse_react_action,
+    sentences,
+    split_thought_action,
+)
 from metarag.methods.registry import build_method
 from metarag.methods.runner import Runtime, run
-from metarag.parsing import REACT_ACTIONS, parse_react_action, split_thought_action
 from metarag.records import Decide, Generate, Hit, Passage, Question, Retrieve, Usage
 from metarag.retrieve.memory import MemoryRetriever
 

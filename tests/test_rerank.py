@@ -8,11 +8,10 @@ import pytest
 from metarag.errors import ConfigError, DataError
 from metarag.llm.scripted import ScriptedLLM
 from metarag.methods.runner import Runtime, drive, run
-from metarag.parsing import NO_IDS, parse_permutation
 from metarag.policy.actions import Search
 from metarag.records import Generate, Hit, Passage, Question, Rerank, Retrieve, Score, Usage
 from metarag.rerank.base import Reranker
-from metarag.rerank.listwise import ListwiseReranker, ListwiseSettings, sliding_windows
+from metarag.rerank.listwise import NO_IDS, ListwiseReranker, ListwiseSettings, parse_permutation, sliding_windows
 from metarag.rerank.pointwise import (
     CrossEncoderReranker,
     CrossEncoderSettings,

@@ -11,8 +11,8 @@ from metarag.errors import ConfigError
 from metarag.llm.scripted import ScriptedLLM
 from metarag.methods.registry import build_method
 from metarag.methods.runner import Runtime, run
-from metarag.methods.self_ask import NEEDED, SelfAsk, SelfAskSettings, self_ask_text
-from metarag.parsing import parse_self_ask_step, parse_step
+from metarag.methods.self_ask import NEEDED, SelfAsk, SelfAskSettings, parse_self_ask_step, self_ask_text
+from metarag.parsing import parse_step
 from metarag.records import Decide, Generate, Question, Retrieve
 from metarag.retrieve.memory import MemoryRetriever
 

@@ -19,8 +19,8 @@ from metarag.errors import ConfigError
 from metarag.judges.critic import MANIFEST_FILE, LLMCritic, critic_text, load_critic
 from metarag.llm.scripted import ScriptedLLM
 from metarag.methods.runner import Runtime, run
-from metarag.methods.sim_rag import SimRAG, SimRAGPractice, SimRAGSettings, build_critic
-from metarag.parsing import parse_answer_rationale, parse_query
+from metarag.methods.sim_rag import SimRAG, SimRAGPractice, SimRAGSettings, build_critic, parse_query
+from metarag.parsing import parse_answer_rationale
 from metarag.records import Decide, Generate, Judge, Question, Retrieve, Score
 from metarag.retrieve.memory import MemoryRetriever
 from metarag.settings import override

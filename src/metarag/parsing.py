@@ -1,5 +1,7 @@
-"""Every rule that reads model output: short answers, cleaners, yes/no and labelled verdicts, JSON
-objects, the self-ask / IterDRAG step format, EvoCtx's actions and listwise rankings.
+"""The rules that read model output which more than one module uses: short answers, cleaners, yes/no
+and labelled verdicts, JSON objects, the self-ask / IterDRAG step format, the search agents' tags and
+sentences. A reader that one module alone uses (ReAct's actions, EvoCtx's decisions, a listwise
+ranking, KiRAG's triples ...) lives in that module, under the same rules.
 
 Below `methods/`, `judges/` and `rerank/` (stdlib only). Each reader follows one explicit rule,
 never raises on any text, never runs code from the text, and runs in time linear in its length:
@@ -16,8 +18,8 @@ from collections.abc import Collection
 # ----------------------------------------------------------------------------------- cleaners
 # What may surround a short answer: whitespace, quotes, markdown emphasis, a format's placeholder
 # brackets; leading colons (after a label), trailing periods.
-_MARKUP = "\"'`*_“”‘’«»<>"
-_TRAILING = _MARKUP + "."
+MARKUP = "\"'`*_“”‘’«»<>"
+_TRAILING = MARKUP + "."
 # A leading answer label, markup and colons around it, repeated ("A: Answer: Paris", "**Answer:** x",
 # "So the final answer is: x"), matched in one pass so an adversarial prefix costs linear time.
 _LEADING = re.compile(
@@ -213,27 +215,6 @@ def parse_answer_rationale(text: str) -> tuple[str, str]:
     return answer, rationale
 
 
-_QUERY_PREFIX = re.compile(r"^(?:search\s+query|query)\s*:\s*", re.IGNORECASE)
-
-
-def parse_query(text: str) -> str:
-    """The search query in a reply: a JSON object's "search_query" (SIM-RAG's official format), else
-    the first line that is not empty once stripped of a "Query:" label, quotes, code fences and
-    markdown. "" when there is none."""
-    data = first_json_object(text)
-    if data is not None:
-        value = data.get("search_query", data.get("query"))
-        if isinstance(value, str) and value.strip():
-            return value.strip()
-    for line in text.splitlines():
-        if line.strip().startswith("```"):
-            continue
-        query = clean_line(_QUERY_PREFIX.sub("", clean_line(line)))
-        if query:
-            return query
-    return ""
-
-
 # ------------------------------------------------------------------------------------ verdicts
 _FIRST_WORD = re.compile(r"[A-Za-z]+")
 _LABELLED = re.compile(r"^[^\w\n]*(?:final\s+)?(?:answer|verdict|decision|judgement|judgment)\s*[:\-]\s*(\w+)",
@@ -272,33 +253,6 @@ def labelled_fields(text: str, names: tuple[str, ...]) -> dict[str, str]:
         if sep and key in names and key not in found:
             found[key] = value.strip()
     return found
-
-
-REASONING_ERRORS = ("none", "flawed logic", "misaligned", "redundant")
-_NO_ERROR = ("no error", "no errors", "n/a", "no")
-
-
-def parse_reasoning_check(text: str) -> tuple[str | None, str]:
-    """(error type, feedback) from MetaRAG's reasoning check: `Error:` / `Feedback:` lines or a JSON
-    object with those keys. The error is one of REASONING_ERRORS, or None when the reply names none
-    of them (an echo of the whole list "none | flawed logic | ..." names none); the format's
-    placeholder brackets are accepted ("Error: <none>" is "none")."""
-    data = first_json_object(text)
-    if data is not None:
-        fields = {str(k).lower(): str(v) for k, v in data.items()}
-    else:
-        fields = labelled_fields(text, ("error", "feedback"))
-    raw = fields.get("error", "").strip().strip("<>[]()*`\"' ").strip(".").lower()
-    raw = " ".join(raw.replace("_", " ").replace("-", " ").split())
-    error = None
-    if "|" not in raw:
-        error = next((e for e in REASONING_ERRORS if raw == e or raw.startswith(e)), None)
-        if error is None and raw in _NO_ERROR:
-            error = "none"
-    feedback = fields.get("feedback", "").strip().strip("<>").strip()
-    if feedback.lower() in ("none", "n/a", "-"):
-        feedback = ""
-    return error, feedback
 
 
 # ----------------------------------------------------------------------------------------- JSON
@@ -362,9 +316,9 @@ def _json_object(candidate: str) -> dict | None:
 
 
 # -------------------------------------------------------------------- self-ask / IterDRAG steps
-_FINAL = re.compile(r"so\s+the\s+final\s+answer\s+is\s*:?", re.IGNORECASE)
+FINAL_ANSWER_PATTERN = re.compile(r"so\s+the\s+final\s+answer\s+is\s*:?", re.IGNORECASE)
 # "Follow up:" anywhere, not inside a word; "Are follow up questions needed here:" is no label.
-_FOLLOW_UP = re.compile(r"(?<![A-Za-z])follow[-\s]?up(?:\s+question)?[*_\s]*:[*_\s]*", re.IGNORECASE)
+FOLLOW_UP_PATTERN = re.compile(r"(?<![A-Za-z])follow[-\s]?up(?:\s+question)?[*_\s]*:[*_\s]*", re.IGNORECASE)
 STEP_KINDS = ("follow-up", "final", "final-prompt")
 
 # Leading quotes, markdown, list numbers and labels ("Query:", "Sub-question 2:"), repeated, in one pass;
@@ -388,7 +342,7 @@ def strip_label(text: str) -> str:
 
 def final_after(text: str) -> str:
     """The answer after the reply's first "So the final answer is:" label, cleaned; "" without one."""
-    final = _FINAL.search(text)
+    final = FINAL_ANSWER_PATTERN.search(text)
     return clean_answer(text[final.end():]) if final else ""
 
 
@@ -406,11 +360,11 @@ def parse_step(text: str) -> tuple[str, str, bool]:
     4. nothing readable, or a final-answer label with nothing after it -> ("final-prompt", ""): the
        caller asks for the final answer with the final prompt.
     """
-    final = _FINAL.search(text)
-    follow = _FOLLOW_UP.search(text)
+    final = FINAL_ANSWER_PATTERN.search(text)
+    follow = FOLLOW_UP_PATTERN.search(text)
     if follow and (final is None or follow.start() < final.start()):
         line = text[follow.end():].split("\n", 1)[0]
-        cut = _FINAL.search(line)
+        cut = FINAL_ANSWER_PATTERN.search(line)
         query = strip_label(line[:cut.start()] if cut else line)
         if query:
             return "follow-up", query, False
@@ -421,200 +375,6 @@ def parse_step(text: str) -> tuple[str, str, bool]:
     if line:
         return "follow-up", line, True
     return "final-prompt", "", True
-
-
-# The question Self-Ask's first reply answers ("Are follow up questions needed here: Yes."): its verdict
-# word, with the punctuation after it, at the very start of the reply.
-_NEEDED = re.compile(r"^[\s*_]*(?:yes|no)\b[\s.,;:!*_]*", re.IGNORECASE)
-
-
-def parse_self_ask_step(text: str, first: bool, rule: str = "labelled") -> tuple[str, str, bool]:
-    """(kind, text, unlabelled) of one Self-Ask step, after the yes/no that answers "Are follow up
-    questions needed here:" when this is the `first` reply (so a bare "No." is no follow-up "No.";
-    "No.\nSo the final answer is: X" is ("final", X)).
-
-    rule "labelled", the authors' loop (ofirpress/self-ask, `promptf`: it goes on while "Follow up:"
-    is in the reply's last line, and otherwise asks for the final answer unless the reply gave one):
-    a follow-up only where the last non-empty line carries the "Follow up:" label; else "So the
-    final answer is: X" anywhere -> ("final", X); else ("final-prompt", "") — "So the answer is
-    Norway." or "Final answer: Norway" is no follow-up. Rule "first-line": `parse_step`'s rules
-    (IterDRAG's), where an unlabelled first line is read as the follow-up."""
-    if first:
-        text = text[_NEEDED.match(text).end():] if _NEEDED.match(text) else text
-    if rule == "first-line":
-        return parse_step(text)
-    lines = [line for line in text.splitlines() if line.strip()]
-    follow = _FOLLOW_UP.search(lines[-1]) if lines else None
-    if follow:
-        query = strip_label(lines[-1][follow.end():])
-        if query:
-            return "follow-up", query, False
-    if _FINAL.search(text):
-        answer = final_after(text)
-        return ("final", answer, False) if answer else ("final-prompt", "", False)
-    return "final-prompt", "", not any(_FOLLOW_UP.search(line) for line in lines)
-
-
-# IRCoT's stop phrase ("So the answer is: X"): "answer is", not inside a word, an optional colon.
-_ANSWER_IS = re.compile(r"(?<![A-Za-z])answer\s+is(?![\w'’])[\s*_]*:?", re.IGNORECASE)
-
-
-def answer_is(text: str) -> str | None:
-    """The answer after the first "answer is" phrase of `text` (IRCoT's stop phrase, "So the answer
-    is: Dijon." -> "Dijon"), cleaned; "" when the phrase ends the text; None without the phrase."""
-    found = _ANSWER_IS.search(text)
-    return None if found is None else clean_answer(text[found.end():])
-
-
-# ------------------------------------------------------------------------- EvoCtx's decisions
-# "Action:" anywhere (small models often end the reasoning line with it), not inside a word ("reaction:").
-_ACTION = re.compile(r"(?<![A-Za-z])action[*_\s]*:[*_\s]*([A-Za-z]+)", re.IGNORECASE)
-_REASONING_LABEL = re.compile(r"^(?:[^\w\n]|_)*reasoning(?:[^\w\n]|_)*:[*_\s]*", re.IGNORECASE)
-_THINK_TAGS = re.compile(r"</?think>", re.IGNORECASE)
-DECISION_ACTIONS = ("RETRIEVE", "THINK", "ANSWER")
-
-
-def parse_decision(text: str, actions: Collection[str] = DECISION_ACTIONS) -> tuple[str | None, str]:
-    """(proposed action, reasoning trace) from a decision model's reply, by fixed rules.
-
-    Action: the word after the last "Action:" label (any case, markdown ignored, on its own line or
-    at the end of the reasoning) when it is one of `actions` (upper case; EvoCtx's by default);
-    without any label, for a bare reply, the first word of the text when it is one of them; else
-    None (the caller records its fallback). Reasoning: the text without the "Action: <word>" labels,
-    <think> tags, a leading "Reasoning:" label and lines without a letter or digit, its lines
-    joined; "" when nothing is left.
-    """
-    text = _THINK_TAGS.sub("\n", text)
-    action = None
-    labelled = list(_ACTION.finditer(text))
-    if labelled:
-        word = labelled[-1].group(1).upper()
-        action = word if word in actions else None
-        text = _ACTION.sub("\n", text)
-    else:
-        first = _FIRST_WORD.search(text)
-        if first is not None and first.group(0).upper() in actions:
-            action = first.group(0).upper()
-            text = text[first.end():]
-    lines = [_REASONING_LABEL.sub("", ln).strip() for ln in text.splitlines()]
-    return action, " ".join(ln for ln in lines if any(ch.isalnum() for ch in ln)).strip()
-
-
-# ---------------------------------------------------------------------------- listwise rankings
-_BRACKETED_ID = re.compile(r"\[\s*(\d+)\s*\]")                       # 1. every "[k]", in order
-_BARE_CHAIN = re.compile(r"(?<!\d)\d++(?:\s*+[>,]\s*+\d++)+")        # 2. else the first "3 > 1 > 2"
-_NUMBER = re.compile(r"\d+")
-# Ids longer than this are out of range for any window; they are never converted with int(), which
-# refuses strings of more than 4,300 digits.
-_MAX_ID_DIGITS = 6
-NO_IDS = "no valid passage ids in the answer"
-
-
-def parse_permutation(text: str, n: int) -> tuple[list[int], list[str]]:
-    """The order a listwise answer gives to passages [1] ... [n], as 0-based indices, and its problems.
-
-    Rules: take every bracketed id "[k]" in order of appearance; if there is none, take the first
-    chain of bare numbers joined by ">" or "," ("3 > 1 > 2"); other text is ignored, so a lone
-    number in prose is not a ranking. Ids outside 1..n and repeats are dropped; passages the answer
-    does not mention follow the ranked ones in their original order, so the result is always a
-    permutation of range(n). Each repair is listed in the problems; NO_IDS among them means the
-    answer named no valid passage and the order is the original one.
-    """
-    tokens = _BRACKETED_ID.findall(text)
-    if not tokens:
-        chain = _BARE_CHAIN.search(text)
-        tokens = _NUMBER.findall(chain.group()) if chain else []
-    order: list[int] = []
-    ranked: set[int] = set()
-    out_of_range: list[str] = []
-    repeated: list[str] = []
-    for token in tokens:
-        number = int(token) if len(token) <= _MAX_ID_DIGITS else 0
-        if not 1 <= number <= n:
-            out_of_range.append(token if len(token) <= 12 else token[:12] + "...")
-        elif number - 1 in ranked:
-            repeated.append(token)
-        else:
-            order.append(number - 1)
-            ranked.add(number - 1)
-    problems: list[str] = []
-    if out_of_range:
-        problems.append(f"ids out of range 1..{n} ignored: {', '.join(out_of_range)}")
-    if repeated:
-        problems.append(f"repeated ids ignored: {', '.join(repeated)}")
-    missing = [i for i in range(n) if i not in ranked]
-    if n and not order:
-        problems.append(NO_IDS)
-    elif missing:
-        problems.append(f"ids not ranked, kept after the ranked ones in their original order: "
-                        f"{', '.join(str(i + 1) for i in missing)}")
-    return order + missing, problems
-
-
-# ----------------------------------------------------------------------------- ReAct's actions
-# "Action:" / "Action 3:" labels (any case, markdown around them), not inside a word ("Reaction:").
-_REACT_ACTION_LABEL = re.compile(r"(?<![A-Za-z])action[^\S\n]*+(?:\d++)?[*_\s]*:", re.IGNORECASE)
-# A leading "Thought 2:" label the model repeated, markdown and spaces around it.
-_REACT_THOUGHT_LABEL = re.compile(r"^[*_\s]*(?:thought[^\S\n]*+(?:\d++)?[*_\s]*:[*_\s]*)?", re.IGNORECASE)
-# An action written without its label ("... so I search. Search[Paris]"): the name, then its bracket.
-_REACT_BARE = re.compile(r"(?<![A-Za-z])(?:search|lookup|finish)[^\S\n]*+[\[(]", re.IGNORECASE)
-# One action: its name (any case), an opening bracket "[" or "(" (or a colon), the argument up to the
-# first closing bracket, or to the end of the line when the bracket is missing.
-_REACT_CALL = re.compile(r"(search|lookup|finish)[^\S\n]*+(?:\[([^\]\n]*+)\]?|\(([^)\n]*+)\)?|:([^\n]*+))",
-                         re.IGNORECASE)
-_REACT_LEAD = "*_`\"' \t>-"
-REACT_ACTIONS = ("search", "lookup", "finish")
-
-
-def split_thought_action(text: str) -> tuple[str, str | None]:
-    """(thought, action text) of one ReAct step reply, the reply continuing a "Thought n:" line.
-
-    The thought is the text before the first "Action:" / "Action n:" label (any case), a repeated
-    leading "Thought n:" label removed, its lines joined by spaces; the action text is the rest of
-    that label's line, or, when the rest is empty, the next non-empty line. Without any label, the
-    first action written bare ("Search[", "lookup(", any case) starts the action text (to its line's
-    end). Without either, the action text is None: the reply holds no action (the caller re-asks
-    for it, as ReAct's code does).
-    """
-    label = _REACT_ACTION_LABEL.search(text)
-    if label is not None:
-        head, rest = text[:label.start()], text[label.end():]
-        lines = rest.split("\n")
-        action = lines[0].strip() or next((ln.strip() for ln in lines[1:] if ln.strip()), "")
-    else:
-        bare = _REACT_BARE.search(text)
-        if bare is None:
-            return _thought(text), None
-        head, action = text[:bare.start()], text[bare.start():].split("\n", 1)[0].strip()
-    return _thought(head), action
-
-
-def _thought(text: str) -> str:
-    text = text[_REACT_THOUGHT_LABEL.match(text).end():]
-    return " ".join(text.split()).rstrip("*_ ").strip()
-
-
-def parse_react_action(text: str) -> tuple[str, str] | None:
-    """(kind, argument) of a ReAct action, kind one of REACT_ACTIONS; None when the text is no action.
-
-    Tolerant by fixed rules: the first action of the text counts (several actions in one reply: the
-    first); a leading "Action n:" label, markdown and quotes are skipped; the name in any case;
-    "[arg]", "(arg)" or "name: arg"; a missing closing bracket takes the rest of the line; spaces
-    and quotes around the argument are removed. Search and Lookup need a non-empty argument (else
-    None); an empty Finish[] is a finish with the answer "" (as ReAct's environment takes "finish[]").
-    """
-    label = _REACT_ACTION_LABEL.match(text.lstrip(_REACT_LEAD))
-    if label is not None:
-        text = text.lstrip(_REACT_LEAD)[label.end():]
-    call = _REACT_CALL.search(text)
-    if call is None or text[:call.start()].strip(_REACT_LEAD + "\n"):
-        return None  # no action, or prose before it: "I would Search[x]" is not an action line
-    kind = call.group(1).lower()
-    raw = next(g for g in (call.group(2), call.group(3), call.group(4)) if g is not None)
-    argument = raw.strip().strip("\"'`“”‘’*").strip()
-    if not argument and kind != "finish":
-        return None
-    return kind, argument
 
 
 # --------------------------------------------------------------- Search-R1 tags (search agents)
@@ -649,30 +409,6 @@ def agent_closing_tag(text: str) -> str | None:
     which stop string fired: that of the last opening `<search>` / `<answer>` tag, None without one."""
     opened = list(_AGENT_OPEN.finditer(text))
     return f"</{opened[-1].group(1).lower()}>" if opened else None
-
-
-# ------------------------------------------------------------------------ KiRAG's knowledge triples
-_TRIPLE_BRACKETED = re.compile(r"<([^<>\n]*)>")
-_LIST_MARK = re.compile(r"^\s*(?:[-*•]+|\d+[.)])?\s*")
-
-
-def parse_triples(text: str) -> list[tuple[str, str, str]]:
-    """The knowledge triples of an extraction reply, in order, without repeats (any case).
-
-    A triple is "<head; relation; tail>" (KiRAG's format): every bracketed group with exactly three
-    non-empty ";"-separated parts. Without any bracketed group, a line holding exactly three such
-    parts (list marks and markup before it dropped) counts, for models that leave the brackets out.
-    Anything else (prose, groups with two or four parts) is not a triple.
-    """
-    groups = _TRIPLE_BRACKETED.findall(text)
-    if not groups:
-        groups = [_LIST_MARK.sub("", line, count=1) for line in text.splitlines()]
-    triples: dict[tuple[str, str, str], tuple[str, str, str]] = {}
-    for group in groups:
-        parts = [p.strip().strip(_MARKUP).strip() for p in group.split(";")]
-        if len(parts) == 3 and all(parts):
-            triples.setdefault(tuple(p.lower() for p in parts), (parts[0], parts[1], parts[2]))
-    return list(triples.values())
 
 
 # ---------------------------------------------------------------------------------- sentences

@@ -15,7 +15,7 @@ from typing import Any
 
 from metarag.judges.base import Verdict
 from metarag.llm.base import Decoding
-from metarag.parsing import clean_answer, parse_reasoning_check
+from metarag.parsing import clean_answer, first_json_object, labelled_fields
 from metarag.policy.actions import Action, Ask, Probe
 from metarag.policy.evidence import evidence_prompt
 from metarag.records import Message
@@ -126,3 +126,30 @@ class ReasoningCheck:
             return Verdict("none", None, detail="", fallback=f"unparseable: {out.text[:80]!r}")
         return Verdict(error, None, detail=feedback)
 
+
+# ------------------------------------------------------------------------ MetaRAG's reasoning check
+REASONING_ERRORS = ("none", "flawed logic", "misaligned", "redundant")
+_NO_ERROR = ("no error", "no errors", "n/a", "no")
+
+
+def parse_reasoning_check(text: str) -> tuple[str | None, str]:
+    """(error type, feedback) from MetaRAG's reasoning check: `Error:` / `Feedback:` lines or a JSON
+    object with those keys. The error is one of REASONING_ERRORS, or None when the reply names none
+    of them (an echo of the whole list "none | flawed logic | ..." names none); the format's
+    placeholder brackets are accepted ("Error: <none>" is "none")."""
+    data = first_json_object(text)
+    if data is not None:
+        fields = {str(k).lower(): str(v) for k, v in data.items()}
+    else:
+        fields = labelled_fields(text, ("error", "feedback"))
+    raw = fields.get("error", "").strip().strip("<>[]()*`\"' ").strip(".").lower()
+    raw = " ".join(raw.replace("_", " ").replace("-", " ").split())
+    error = None
+    if "|" not in raw:
+        error = next((e for e in REASONING_ERRORS if raw == e or raw.startswith(e)), None)
+        if error is None and raw in _NO_ERROR:
+            error = "none"
+    feedback = fields.get("feedback", "").strip().strip("<>").strip()
+    if feedback.lower() in ("none", "n/a", "-"):
+        feedback = ""
+    return error, feedback

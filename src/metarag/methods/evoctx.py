@@ -35,7 +35,8 @@ it, since without a trace there is nothing to place against the boundary.
 """
 from __future__ import annotations
 
-from collections.abc import Generator, Mapping, Sequence
+import re
+from collections.abc import Collection, Generator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
@@ -46,7 +47,7 @@ from metarag.llm.base import Decoding
 from metarag.llm.registry import LLMSpec, parse_llm_spec
 from metarag.methods.fixed_point import LoopState
 from metarag.methods.runner import Policy
-from metarag.parsing import clean_answer, parse_decision, strip_label
+from metarag.parsing import clean_answer, strip_label
 from metarag.policy.actions import Action, Ask, Assess, Note, Probe, Search
 from metarag.policy.evidence import evidence_prompt, format_passages
 from metarag.records import Hit, Passage, Question
@@ -394,3 +395,37 @@ class DecisionModel:
         if action is None:
             return Verdict("THINK", None, detail=reasoning, fallback=f"unparseable action: {out.text[-80:]!r}")
         return Verdict(action, None, detail=reasoning)
+
+
+# ------------------------------------------------------------------------- EvoCtx's decisions
+# "Action:" anywhere (small models often end the reasoning line with it), not inside a word ("reaction:").
+_ACTION = re.compile(r"(?<![A-Za-z])action[*_\s]*:[*_\s]*([A-Za-z]+)", re.IGNORECASE)
+_REASONING_LABEL = re.compile(r"^(?:[^\w\n]|_)*reasoning(?:[^\w\n]|_)*:[*_\s]*", re.IGNORECASE)
+_THINK_TAGS = re.compile(r"</?think>", re.IGNORECASE)
+_FIRST_WORD = re.compile(r"[A-Za-z]+")
+
+
+def parse_decision(text: str, actions: Collection[str] = ACTIONS) -> tuple[str | None, str]:
+    """(proposed action, reasoning trace) from a decision model's reply, by fixed rules.
+
+    Action: the word after the last "Action:" label (any case, markdown ignored, on its own line or
+    at the end of the reasoning) when it is one of `actions` (upper case; EvoCtx's by default);
+    without any label, for a bare reply, the first word of the text when it is one of them; else
+    None (the caller records its fallback). Reasoning: the text without the "Action: <word>" labels,
+    <think> tags, a leading "Reasoning:" label and lines without a letter or digit, its lines
+    joined; "" when nothing is left.
+    """
+    text = _THINK_TAGS.sub("\n", text)
+    action = None
+    labelled = list(_ACTION.finditer(text))
+    if labelled:
+        word = labelled[-1].group(1).upper()
+        action = word if word in actions else None
+        text = _ACTION.sub("\n", text)
+    else:
+        first = _FIRST_WORD.search(text)
+        if first is not None and first.group(0).upper() in actions:
+            action = first.group(0).upper()
+            text = text[first.end():]
+    lines = [_REASONING_LABEL.sub("", ln).strip() for ln in text.splitlines()]
+    return action, " ".join(ln for ln in lines if any(ch.isalnum() for ch in ln)).strip()

@@ -8,7 +8,7 @@ One question, as a policy over the shared runner loop:
 2. Reason: the model continues its chain of thought (an assistant turn it writes on, after two
    demonstrations) over the paragraphs collected so far; only the first sentence is kept
    (`first_sentence`). The chain stops at a sentence with "answer is" (the paper's
-   "So the answer is:", `parsing.answer_is`), at an empty sentence, or after `max_steps` sentences.
+   "So the answer is:", `answer_is`), at an empty sentence, or after `max_steps` sentences.
 3. Retrieve: otherwise the last sentence that is not a reasoning step ("So ...", "Thus ...", the
    code's rule) is the query; its top-K paragraphs not yet collected are appended, up to
    `max_paragraphs` in all, and the model reasons on.
@@ -40,7 +40,7 @@ from typing import Literal
 from metarag.llm.base import Decoding
 from metarag.methods.fixed_point import LoopState
 from metarag.methods.runner import Policy
-from metarag.parsing import answer_is, clean_answer, extract_short_answer, sentence_spans
+from metarag.parsing import clean_answer, extract_short_answer, sentence_spans
 from metarag.policy.actions import Ask, Note, Search
 from metarag.policy.evidence import evidence_prompt, format_passages
 from metarag.records import Hit, Message, Question
@@ -210,3 +210,15 @@ def retrieval_query(question: str, sentences: list[str]) -> str:
     """The next query: the last sentence that is not a reasoning step, else the question."""
     facts = [s for s in sentences if not is_reasoning_sentence(s)]
     return facts[-1] if facts else question
+
+
+# ---------------------------------------------------------------------------------- the stop phrase
+# IRCoT's stop phrase ("So the answer is: X"): "answer is", not inside a word, an optional colon.
+_ANSWER_IS = re.compile(r"(?<![A-Za-z])answer\s+is(?![\w'’])[\s*_]*:?", re.IGNORECASE)
+
+
+def answer_is(text: str) -> str | None:
+    """The answer after the first "answer is" phrase of `text` (IRCoT's stop phrase, "So the answer
+    is: Dijon." -> "Dijon"), cleaned; "" when the phrase ends the text; None without the phrase."""
+    found = _ANSWER_IS.search(text)
+    return None if found is None else clean_answer(text[found.end():])

@@ -38,7 +38,7 @@ from typing import Any
 from metarag.llm.base import Decoding
 from metarag.methods.fixed_point import LoopState
 from metarag.methods.runner import Policy
-from metarag.parsing import clean_answer, parse_triples
+from metarag.parsing import MARKUP, clean_answer
 from metarag.policy.actions import Ask, Note, Probe, Search
 from metarag.policy.evidence import evidence_prompt, format_passages
 from metarag.records import Hit, Message, Question
@@ -225,3 +225,27 @@ def format_chain(chain: list[Triple]) -> str:
 
 def format_candidates(candidates: list[Triple]) -> str:
     return "\n".join(f"{letter}. {t.text}" for letter, t in zip(LETTERS, candidates))
+
+
+# ------------------------------------------------------------------------ KiRAG's knowledge triples
+_TRIPLE_BRACKETED = re.compile(r"<([^<>\n]*)>")
+_LIST_MARK = re.compile(r"^\s*(?:[-*•]+|\d+[.)])?\s*")
+
+
+def parse_triples(text: str) -> list[tuple[str, str, str]]:
+    """The knowledge triples of an extraction reply, in order, without repeats (any case).
+
+    A triple is "<head; relation; tail>" (KiRAG's format): every bracketed group with exactly three
+    non-empty ";"-separated parts. Without any bracketed group, a line holding exactly three such
+    parts (list marks and markup before it dropped) counts, for models that leave the brackets out.
+    Anything else (prose, groups with two or four parts) is not a triple.
+    """
+    groups = _TRIPLE_BRACKETED.findall(text)
+    if not groups:
+        groups = [_LIST_MARK.sub("", line, count=1) for line in text.splitlines()]
+    triples: dict[tuple[str, str, str], tuple[str, str, str]] = {}
+    for group in groups:
+        parts = [p.strip().strip(MARKUP).strip() for p in group.split(";")]
+        if len(parts) == 3 and all(parts):
+            triples.setdefault(tuple(p.lower() for p in parts), (parts[0], parts[1], parts[2]))
+    return list(triples.values())

@@ -10,7 +10,7 @@ One question:
    is the previous one's plus one step: a back-end's prefix cache reuses it. Generation stops at
    "\\nObservation n:" as the paper's code does (and at an unnumbered "\\nObservation:"), so a
    thought that mentions the word "observation" is not cut.
-2. The reply's action (`parsing.split_thought_action`, `parsing.parse_react_action`: tolerant of
+2. The reply's action (`split_thought_action`, `parse_react_action`: tolerant of
    case, spaces, quotes, a missing bracket, "Action n:" labels; of several actions the first) is
    carried out and its observation appended:
    - `Search[query]`: the top-k passages of *our retriever* for the query, one line "[1] Title: text
@@ -41,6 +41,7 @@ k passages, not one page, and the transcript's action line is the parsed action 
 """
 from __future__ import annotations
 
+import re
 from collections.abc import Generator
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
@@ -49,7 +50,7 @@ from metarag.llm.base import Decoding
 from metarag.methods.evoctx import approx_tokens
 from metarag.methods.fixed_point import LoopState
 from metarag.methods.runner import Policy
-from metarag.parsing import clean_line, parse_react_action, split_thought_action
+from metarag.parsing import clean_line
 from metarag.policy.actions import Ask, Note, Search
 from metarag.records import Hit, Message, Passage, Question
 from metarag.settings import check_ranges, setting
@@ -261,3 +262,69 @@ class ReAct:
     def policy(self, question: Question) -> Policy:
         trial = yield from react_trial(question, self.settings)
         return trial.answer
+
+
+# ----------------------------------------------------------------------------- ReAct's actions
+# "Action:" / "Action 3:" labels (any case, markdown around them), not inside a word ("Reaction:").
+_REACT_ACTION_LABEL = re.compile(r"(?<![A-Za-z])action[^\S\n]*+(?:\d++)?[*_\s]*:", re.IGNORECASE)
+# A leading "Thought 2:" label the model repeated, markdown and spaces around it.
+_REACT_THOUGHT_LABEL = re.compile(r"^[*_\s]*(?:thought[^\S\n]*+(?:\d++)?[*_\s]*:[*_\s]*)?", re.IGNORECASE)
+# An action written without its label ("... so I search. Search[Paris]"): the name, then its bracket.
+_REACT_BARE = re.compile(r"(?<![A-Za-z])(?:search|lookup|finish)[^\S\n]*+[\[(]", re.IGNORECASE)
+# One action: its name (any case), an opening bracket "[" or "(" (or a colon), the argument up to the
+# first closing bracket, or to the end of the line when the bracket is missing.
+_REACT_CALL = re.compile(r"(search|lookup|finish)[^\S\n]*+(?:\[([^\]\n]*+)\]?|\(([^)\n]*+)\)?|:([^\n]*+))",
+                         re.IGNORECASE)
+_REACT_LEAD = "*_`\"' \t>-"
+REACT_ACTIONS = ("search", "lookup", "finish")
+
+
+def split_thought_action(text: str) -> tuple[str, str | None]:
+    """(thought, action text) of one ReAct step reply, the reply continuing a "Thought n:" line.
+
+    The thought is the text before the first "Action:" / "Action n:" label (any case), a repeated
+    leading "Thought n:" label removed, its lines joined by spaces; the action text is the rest of
+    that label's line, or, when the rest is empty, the next non-empty line. Without any label, the
+    first action written bare ("Search[", "lookup(", any case) starts the action text (to its line's
+    end). Without either, the action text is None: the reply holds no action (the caller re-asks
+    for it, as ReAct's code does).
+    """
+    label = _REACT_ACTION_LABEL.search(text)
+    if label is not None:
+        head, rest = text[:label.start()], text[label.end():]
+        lines = rest.split("\n")
+        action = lines[0].strip() or next((ln.strip() for ln in lines[1:] if ln.strip()), "")
+    else:
+        bare = _REACT_BARE.search(text)
+        if bare is None:
+            return _thought(text), None
+        head, action = text[:bare.start()], text[bare.start():].split("\n", 1)[0].strip()
+    return _thought(head), action
+
+
+def _thought(text: str) -> str:
+    text = text[_REACT_THOUGHT_LABEL.match(text).end():]
+    return " ".join(text.split()).rstrip("*_ ").strip()
+
+
+def parse_react_action(text: str) -> tuple[str, str] | None:
+    """(kind, argument) of a ReAct action, kind one of REACT_ACTIONS; None when the text is no action.
+
+    Tolerant by fixed rules: the first action of the text counts (several actions in one reply: the
+    first); a leading "Action n:" label, markdown and quotes are skipped; the name in any case;
+    "[arg]", "(arg)" or "name: arg"; a missing closing bracket takes the rest of the line; spaces
+    and quotes around the argument are removed. Search and Lookup need a non-empty argument (else
+    None); an empty Finish[] is a finish with the answer "" (as ReAct's environment takes "finish[]").
+    """
+    label = _REACT_ACTION_LABEL.match(text.lstrip(_REACT_LEAD))
+    if label is not None:
+        text = text.lstrip(_REACT_LEAD)[label.end():]
+    call = _REACT_CALL.search(text)
+    if call is None or text[:call.start()].strip(_REACT_LEAD + "\n"):
+        return None  # no action, or prose before it: "I would Search[x]" is not an action line
+    kind = call.group(1).lower()
+    raw = next(g for g in (call.group(2), call.group(3), call.group(4)) if g is not None)
+    argument = raw.strip().strip("\"'`“”‘’*").strip()
+    if not argument and kind != "finish":
+        return None
+    return kind, argument

@@ -23,13 +23,14 @@ carry into the next prompt.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Literal
 
 from metarag.llm.base import Decoding
 from metarag.methods.fixed_point import LoopState
 from metarag.methods.runner import Policy
-from metarag.parsing import clean_answer, parse_self_ask_step
+from metarag.parsing import FINAL_ANSWER_PATTERN, FOLLOW_UP_PATTERN, clean_answer, final_after, parse_step, strip_label
 from metarag.policy.actions import Ask, Note, Search
 from metarag.policy.evidence import evidence_prompt, format_passages
 from metarag.records import Hit, Message, Question
@@ -85,7 +86,7 @@ class SelfAskSettings:
     later prompt reads them; it cannot fire as the loop stands, since every step that goes on adds a
     follow-up to the text. `follow_up_rule` "labelled": the authors' loop, which goes on only while
     the reply's last line carries "Follow up:" and otherwise asks for the final answer
-    (`parsing.parse_self_ask_step`); "first-line": an unlabelled first line is read as a follow-up
+    (`parse_self_ask_step`); "first-line": an unlabelled first line is read as a follow-up
     (IterDRAG's rule, this method's before revision 2, which searched with answers such as "So the
     answer is Norway." as queries).
     """
@@ -179,3 +180,36 @@ def _union(held: list[Hit], new: list[Hit]) -> list[Hit]:
             ids.add(hit.passage.id)
             out.append(hit)
     return out
+
+
+# ----------------------------------------------------------------------------------- reading a step
+# The question Self-Ask's first reply answers ("Are follow up questions needed here: Yes."): its verdict
+# word, with the punctuation after it, at the very start of the reply.
+_NEEDED = re.compile(r"^[\s*_]*(?:yes|no)\b[\s.,;:!*_]*", re.IGNORECASE)
+
+
+def parse_self_ask_step(text: str, first: bool, rule: str = "labelled") -> tuple[str, str, bool]:
+    """(kind, text, unlabelled) of one Self-Ask step, after the yes/no that answers "Are follow up
+    questions needed here:" when this is the `first` reply (so a bare "No." is no follow-up "No.";
+    "No.\nSo the final answer is: X" is ("final", X)).
+
+    rule "labelled", the authors' loop (ofirpress/self-ask, `promptf`: it goes on while "Follow up:"
+    is in the reply's last line, and otherwise asks for the final answer unless the reply gave one):
+    a follow-up only where the last non-empty line carries the "Follow up:" label; else "So the
+    final answer is: X" anywhere -> ("final", X); else ("final-prompt", "") — "So the answer is
+    Norway." or "Final answer: Norway" is no follow-up. Rule "first-line": `parse_step`'s rules
+    (IterDRAG's), where an unlabelled first line is read as the follow-up."""
+    if first:
+        text = text[_NEEDED.match(text).end():] if _NEEDED.match(text) else text
+    if rule == "first-line":
+        return parse_step(text)
+    lines = [line for line in text.splitlines() if line.strip()]
+    follow = FOLLOW_UP_PATTERN.search(lines[-1]) if lines else None
+    if follow:
+        query = strip_label(lines[-1][follow.end():])
+        if query:
+            return "follow-up", query, False
+    if FINAL_ANSWER_PATTERN.search(text):
+        answer = final_after(text)
+        return ("final", answer, False) if answer else ("final-prompt", "", False)
+    return "final-prompt", "", not any(FOLLOW_UP_PATTERN.search(line) for line in lines)

@@ -21,6 +21,7 @@ follow-up search finds nothing new (greedy decoding would repeat the same answer
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from metarag.errors import ConfigError
@@ -28,7 +29,7 @@ from metarag.judges.base import Judge
 from metarag.judges.critic import ACCEPT, LLMCritic, TrainedCritic
 from metarag.llm.base import Decoding
 from metarag.methods.runner import Policy
-from metarag.parsing import parse_answer_rationale, parse_query
+from metarag.parsing import clean_line, first_json_object, parse_answer_rationale
 from metarag.policy.actions import Ask, Assess, Note, Search
 from metarag.policy.evidence import evidence_prompt, format_passages
 from metarag.records import Hit, Message, Question
@@ -191,3 +192,25 @@ class SimRAGPractice:
                                    Decoding(max_tokens=self.settings.max_tokens))
             answer = parse_answer_rationale(completion.text)[0]
         return answer
+
+
+# -------------------------------------------------------------------------------- reading the reply
+_QUERY_PREFIX = re.compile(r"^(?:search\s+query|query)\s*:\s*", re.IGNORECASE)
+
+
+def parse_query(text: str) -> str:
+    """The search query in a reply: a JSON object's "search_query" (SIM-RAG's official format), else
+    the first line that is not empty once stripped of a "Query:" label, quotes, code fences and
+    markdown. "" when there is none."""
+    data = first_json_object(text)
+    if data is not None:
+        value = data.get("search_query", data.get("query"))
+        if isinstance(value, str) and value.strip():
+            return value.strip()
+    for line in text.splitlines():
+        if line.strip().startswith("```"):
+            continue
+        query = clean_line(_QUERY_PREFIX.sub("", clean_line(line)))
+        if query:
+            return query
+    return ""

@@ -8,13 +8,13 @@ same scheme on any LLM of the protocol (the embedded model or an OpenAI-compatib
 """
 from __future__ import annotations
 
+import re
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from metarag.errors import ConfigError
 from metarag.llm.base import Decoding
-from metarag.parsing import NO_IDS, parse_permutation
 from metarag.policy.actions import Action, Ask
 from metarag.records import Hit, Message, Passage
 from metarag.rerank.base import Reranked
@@ -116,3 +116,54 @@ class ListwiseReranker:
             order[start:end] = [window[i] for i in permutation]
         kept = tuple(Hit(hit.passage, 1.0 / rank, self.name) for rank, hit in enumerate(order[:max(k, 0)], 1))
         return Reranked(kept, "; ".join(failures) or None)
+
+
+# ---------------------------------------------------------------------------- listwise rankings
+_BRACKETED_ID = re.compile(r"\[\s*(\d+)\s*\]")                       # 1. every "[k]", in order
+_BARE_CHAIN = re.compile(r"(?<!\d)\d++(?:\s*+[>,]\s*+\d++)+")        # 2. else the first "3 > 1 > 2"
+_NUMBER = re.compile(r"\d+")
+# Ids longer than this are out of range for any window; they are never converted with int(), which
+# refuses strings of more than 4,300 digits.
+_MAX_ID_DIGITS = 6
+NO_IDS = "no valid passage ids in the answer"
+
+
+def parse_permutation(text: str, n: int) -> tuple[list[int], list[str]]:
+    """The order a listwise answer gives to passages [1] ... [n], as 0-based indices, and its problems.
+
+    Rules: take every bracketed id "[k]" in order of appearance; if there is none, take the first
+    chain of bare numbers joined by ">" or "," ("3 > 1 > 2"); other text is ignored, so a lone
+    number in prose is not a ranking. Ids outside 1..n and repeats are dropped; passages the answer
+    does not mention follow the ranked ones in their original order, so the result is always a
+    permutation of range(n). Each repair is listed in the problems; NO_IDS among them means the
+    answer named no valid passage and the order is the original one.
+    """
+    tokens = _BRACKETED_ID.findall(text)
+    if not tokens:
+        chain = _BARE_CHAIN.search(text)
+        tokens = _NUMBER.findall(chain.group()) if chain else []
+    order: list[int] = []
+    ranked: set[int] = set()
+    out_of_range: list[str] = []
+    repeated: list[str] = []
+    for token in tokens:
+        number = int(token) if len(token) <= _MAX_ID_DIGITS else 0
+        if not 1 <= number <= n:
+            out_of_range.append(token if len(token) <= 12 else token[:12] + "...")
+        elif number - 1 in ranked:
+            repeated.append(token)
+        else:
+            order.append(number - 1)
+            ranked.add(number - 1)
+    problems: list[str] = []
+    if out_of_range:
+        problems.append(f"ids out of range 1..{n} ignored: {', '.join(out_of_range)}")
+    if repeated:
+        problems.append(f"repeated ids ignored: {', '.join(repeated)}")
+    missing = [i for i in range(n) if i not in ranked]
+    if n and not order:
+        problems.append(NO_IDS)
+    elif missing:
+        problems.append(f"ids not ranked, kept after the ranked ones in their original order: "
+                        f"{', '.join(str(i + 1) for i in missing)}")
+    return order + missing, problems
