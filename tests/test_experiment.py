@@ -145,4 +145,7 @@ def test_every_experiment_file_loads_and_a_judge_goes_to_every_cell(tmp_path):
     agentic = load_experiment(EXPERIMENTS / "agentic.toml")
     cell = eval_config(agentic, agentic.rows[0], "hotpotqa-dev500", tmp_path)
     assert cell.judge_llm == "embedded"
-    assert eval_config(load_experiment(EXPERIMENTS / "study.toml"), Row("cot"), "demo", tmp_path).judge_llm is None
+    plain = eval_config(load_experiment(EXPERIMENTS / "study.toml"), Row("cot"), "demo", tmp_path)
+    assert plain.judge_llm is None and plain.samples.k == 1
+    sampled = experiment_from_dict({"name": "s", "datasets": ["demo"], "samples": 4, "rows": [{"method": "cot"}]})
+    assert eval_config(sampled, Row("cot"), "demo", tmp_path).samples.k == 4

@@ -18,6 +18,7 @@ takes comments, so each table says in its own file where its alignment comes fro
     columns = ""                         # the report's columns (as --columns; empty: the default)
     breakdown = true                     # each run's judge / decision breakdown under the table
     judge_llm = "embedded"               # judge every answer with this model (LLM-as-judge accuracy)
+    samples = 4                          # k sampled answers a question (avg@k / pass@k; default 1, greedy)
 
     [per_dataset.nq-1000]                # what one dataset runs with apart from the rest: a corpus
     corpus = "{data}/wiki_sample/wiki18_sample1000.jsonl"   # file (one without paragraphs of its own;
@@ -42,7 +43,7 @@ from typing import Any
 from metarag.errors import ConfigError, DataError, MetaRAGError
 
 FIELDS = {"name", "title", "reference", "datasets", "limit", "seed", "llm", "threads", "prefix_chunk", "retriever",
-          "columns", "breakdown", "judge_llm", "per_dataset", "rows"}
+          "columns", "breakdown", "judge_llm", "samples", "per_dataset", "rows"}
 PER_DATASET_FIELDS = {"corpus", "prefix_chunk"}
 ROW_FIELDS = {"method", "settings"}
 
@@ -92,6 +93,7 @@ class Experiment:
     columns: str = ""
     breakdown: bool = True
     judge_llm: str | None = None
+    samples: int = 1
     per_dataset: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     path: Path | None = None
 
@@ -170,7 +172,8 @@ def experiment_from_dict(raw: Mapping[str, Any], file: Path | None = None) -> Ex
         if not isinstance(options.get("corpus", ""), str) or not isinstance(options.get("prefix_chunk", 0), int):
             raise bad(f"per_dataset.{name}: corpus is a file path, prefix_chunk an integer")
     types = {"name": str, "title": str, "reference": str, "limit": int, "seed": int, "llm": str, "threads": int,
-             "prefix_chunk": int, "retriever": str, "columns": str, "breakdown": bool, "judge_llm": str}
+             "prefix_chunk": int, "retriever": str, "columns": str, "breakdown": bool, "judge_llm": str,
+             "samples": int}
     for key, kind in types.items():
         if key in raw and (not isinstance(raw[key], kind) or (kind is int and isinstance(raw[key], bool))):
             raise bad(f"{key} must be a {kind.__name__}, got {raw[key]!r}")
@@ -179,7 +182,7 @@ def experiment_from_dict(raw: Mapping[str, Any], file: Path | None = None) -> Ex
         title=raw.get("title", ""), limit=raw.get("limit") or None, seed=raw.get("seed", 0),
         llm=raw.get("llm", "embedded"), threads=raw.get("threads"), prefix_chunk=raw.get("prefix_chunk", 0),
         retriever=raw.get("retriever", "bm25"), columns=raw.get("columns", ""), breakdown=raw.get("breakdown", True),
-        judge_llm=raw.get("judge_llm"),
+        judge_llm=raw.get("judge_llm"), samples=raw.get("samples", 1),
         per_dataset={k: dict(v) for k, v in per_dataset.items()}, path=file)
     if experiment.reference is not None and experiment.reference_row() is None:
         raise bad(f"reference {experiment.reference!r} is none of the rows")
@@ -197,7 +200,7 @@ def eval_config(experiment: Experiment, row: Row, dataset: str, runs_dir: str | 
                 llm: str | None = None, response_cache: bool = True):
     """The `EvalConfig` of one cell: what `metarag eval --method M --dataset D --limit L --seed S
     --threads T --runs-dir R [--corpus C] --set k=v ...` builds, hence the same run id and folder."""
-    from metarag.evaluate.harness import DatasetSpec, EvalConfig
+    from metarag.evaluate.harness import DatasetSpec, EvalConfig, Samples
     from metarag.llm.registry import parse_llm_spec
     from metarag.methods.registry import method_classes
 
@@ -212,7 +215,7 @@ def eval_config(experiment: Experiment, row: Row, dataset: str, runs_dir: str | 
                                          response_cache=response_cache,
                                          prefix_chunk=options.get("prefix_chunk", experiment.prefix_chunk)),
                       retriever=experiment.retriever, overrides=dict(row.settings), runs_dir=str(runs_dir),
-                      judge_llm=experiment.judge_llm)
+                      judge_llm=experiment.judge_llm, samples=Samples(k=experiment.samples))
 
 
 def run_experiment(experiment: Experiment, runs_dir: str | Path, *, rows: Sequence[str] = (),
