@@ -39,3 +39,25 @@ def test_bad_splits_are_refused():
         mixed_split([dataset("alpha-train", 4, "a")], heldout=4, seed=0)
     with pytest.raises(DataError, match="share a question id"):
         mixed_split([dataset("alpha-train", 4, "a"), dataset("beta-train", 4, "a")], heldout=1, seed=0)
+
+
+def test_a_slice_keeps_the_questions_of_its_types_and_hops_and_refuses_an_empty_one():
+    import pytest
+
+    from metarag.data.datasets import Dataset
+    from metarag.data.pool import question_slice
+    from metarag.errors import ConfigError
+    from metarag.records import Passage, Question
+
+    questions = (Question("a", "A?", ("x",), type="comparison"), Question("b", "B?", ("y",), type="bridge"),
+                 Question("c", "C?", ("z",), hops=2), Question("d", "D?", ("w",), hops=3))
+    dataset = Dataset("t", questions, (Passage("p", "P", "text"),), "t.json", "0" * 64, "flashrag",
+                      contexts=(("p",), ("p",), (), ()), missing_support=(0, 1, 0, 0))
+    comparison = question_slice(dataset, ("comparison",))
+    assert [q.id for q in comparison.questions] == ["a"] and comparison.contexts == (("p",),)
+    assert question_slice(dataset, ("bridge",)).missing_support == (1,)
+    assert [q.id for q in question_slice(dataset, max_hops=2).questions] == ["c"]
+    assert question_slice(dataset).questions == questions
+    assert question_slice(dataset, ("comparison",)).passages == dataset.passages
+    with pytest.raises(ConfigError, match="no question of t"):
+        question_slice(dataset, ("comparison",), max_hops=2)

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from metarag.data.datasets import Dataset
 from metarag.errors import ConfigError, DataError
 from metarag.records import Passage, Question
 
@@ -51,6 +52,26 @@ def mixed_split(datasets: Sequence[object], heldout: int, seed: int) -> Pool:
         raise DataError("two splits share a question id: the pool cannot tell their questions apart",
                         path=", ".join(d.path for d in datasets))
     return Pool(tuple(train), tuple(held), tuple(passages))
+
+
+def question_slice(dataset: Dataset, types: Sequence[str] = (), max_hops: int | None = None) -> Dataset:
+    """The dataset with only the questions of `types` (HotpotQA's bridge / comparison; empty: any)
+    and of at most `max_hops` hops (MuSiQue's 2 / 3 / 4; None: any), its passages kept: an easier
+    slice of a training split to train on. A question whose dataset gives it no type or hops count is
+    left out by the filter that needs it."""
+    import dataclasses
+
+    keep = [i for i, q in enumerate(dataset.questions)
+            if (not types or q.type in types) and (max_hops is None or (q.hops is not None and q.hops <= max_hops))]
+    if not keep:
+        raise ConfigError(f"no question of {dataset.name} is of type {', '.join(types) or 'any'} with at most "
+                          f"{max_hops if max_hops is not None else 'any'} hops")
+
+    def aligned(values):  # the fields that run alongside the questions
+        return tuple(values[i] for i in keep) if values and len(values) == len(dataset.questions) else values
+
+    return dataclasses.replace(dataset, questions=aligned(dataset.questions), contexts=aligned(dataset.contexts),
+                               missing_support=aligned(dataset.missing_support))
 
 
 def write_pool(pool: Pool, folder: str | Path, name: str = "pool") -> tuple[Path, Path, Path]:
