@@ -57,12 +57,15 @@ def mixed_split(datasets: Sequence[object], heldout: int, seed: int) -> Pool:
 def question_slice(dataset: Dataset, types: Sequence[str] = (), max_hops: int | None = None) -> Dataset:
     """The dataset with only the questions of `types` (HotpotQA's bridge / comparison; empty: any)
     and of at most `max_hops` hops (MuSiQue's 2 / 3 / 4; None: any), its passages kept: an easier
-    slice of a training split to train on. A question whose dataset gives it no type or hops count is
-    left out by the filter that needs it."""
+    slice of a training split to train on. A filter applies to a dataset that gives its questions that
+    field (HotpotQA types, MuSiQue hops), so one call slices a mixture of both; there a question
+    without the field is left out."""
     import dataclasses
 
+    by_type = bool(types) and any(q.type for q in dataset.questions)
+    by_hops = max_hops is not None and any(q.hops is not None for q in dataset.questions)
     keep = [i for i, q in enumerate(dataset.questions)
-            if (not types or q.type in types) and (max_hops is None or (q.hops is not None and q.hops <= max_hops))]
+            if (not by_type or q.type in types) and (not by_hops or (q.hops is not None and q.hops <= max_hops))]
     if not keep:
         raise ConfigError(f"no question of {dataset.name} is of type {', '.join(types) or 'any'} with at most "
                           f"{max_hops if max_hops is not None else 'any'} hops")
