@@ -62,4 +62,5 @@ def test_a_slice_keeps_the_questions_of_its_types_and_hops_and_refuses_an_empty_
     with pytest.raises(ConfigError, match="no question of t"):
         question_slice(dataset, ("comparison",), max_hops=2)
     typed_only = Dataset("h", questions[:2], dataset.passages, "h.json", "0" * 64, "hotpotqa")
-    assert [q.id for q in question_slice(typed_only, ("comparison",), max_hops=2).questions] == ["a"]  # no hops: no filter
+    # no hops in this split: the hop filter does not apply
+    assert [q.id for q in question_slice(typed_only, ("comparison",), max_hops=2).questions] == ["a"]
