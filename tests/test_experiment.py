@@ -79,7 +79,8 @@ def test_the_kept_table_runs_resume_under_their_experiment_files():
     for file, folder, dataset, rows in (
             ("evoctx.toml", "evoctx-table", "hotpotqa-dev500", ("standard-rag", "iterdrag", "kirag", "evoctx")),
             ("evoctx.toml", "evoctx-table", "musique-train100", ("standard-rag", "evoctx")),
-            ("agent.toml", "agent-table", "hotpotqa-dev500", ("closed-book", "belief-agent", "belief-agent:probe=true")),
+            ("agent.toml", "agent-table", "hotpotqa-dev500",
+             ("closed-book", "belief-agent", "belief-agent:probe=true")),
             ("agent.toml", "agent-table", "bamboogle", ("standard-rag", "belief-agent"))):
         experiment = with_overrides(load_experiment(EXPERIMENTS / file), limit=30)
         for label in rows:
@@ -89,12 +90,13 @@ def test_the_kept_table_runs_resume_under_their_experiment_files():
 
 def test_bad_files_are_refused_naming_the_file_and_field(tmp_path):
     bad = tmp_path / "bad.toml"
-    for text, message in (('name = "x"\ndatasets = ["demo"]\nrows = [{method = "cot"}]\nlimt = 3', "unknown field 'limt'"),
-                          ('name = "x"\ndatasets = ["demo"]', "no 'rows'"),
-                          ('name = "x"\ndatasets = ["demo"]\nlimit = "30"\nrows = [{method = "cot"}]', "limit must be a int"),
+    head = 'name = "x"\ndatasets = ["demo"]\n'
+    for text, message in ((head + 'rows = [{method = "cot"}]\nlimt = 3', "unknown field 'limt'"),
+                          (head, "no 'rows'"),
+                          (head + 'limit = "30"\nrows = [{method = "cot"}]', "limit must be a int"),
                           ('name = "x"\ndatasets = ["demo"]\nreference = "ircot"\nrows = [{method = "cot"}]',
                            "reference 'ircot' is none of the rows"),
-                          ('name = "x"\ndatasets = ["demo"]\nrows = [{method = "cot"}, {method = "cot"}]', "row 'cot' twice")):
+                          (head + 'rows = [{method = "cot"}, {method = "cot"}]', "row 'cot' twice")):
         bad.write_text(text)
         with pytest.raises(ConfigError, match=message) as err:
             load_experiment(bad)

@@ -34,11 +34,12 @@ from __future__ import annotations
 
 import os
 import sys
-import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
+
+import tomllib
 
 from metarag.errors import ConfigError, DataError, MetaRAGError
 
@@ -229,7 +230,6 @@ def run_experiment(experiment: Experiment, runs_dir: str | Path, *, rows: Sequen
     Returns the reports (markdown), one per dataset."""
     from metarag.evaluate.harness import evaluate, prepare
     from metarag.evaluate.report import format_report, load_run, write_csv
-
     from metarag.methods.registry import method_settings
 
     chosen = [Row.parse(label) for label in rows]
@@ -261,10 +261,9 @@ def run_experiment(experiment: Experiment, runs_dir: str | Path, *, rows: Sequen
                 ran.append(row)
         # the reference row's run; without one, the first run of the reference's method
         wanted = experiment.reference_row()
-        for match in ((lambda r: r == wanted), (lambda r: wanted is not None and r.method == wanted.method)):
-            reference = next((i for i, r in enumerate(ran) if match(r)), reference)
-            if reference is not None:
-                break
+        if wanted is not None:
+            same = [i for i, r in enumerate(ran) if r == wanted]
+            reference = (same or [i for i, r in enumerate(ran) if r.method == wanted.method] or [None])[0]
         if not folders:
             log(f"experiment: no finished rows on {dataset}")
             continue

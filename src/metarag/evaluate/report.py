@@ -358,7 +358,8 @@ DEGENERATE_NOTE = "degenerate: one verdict >= 95 %"
 
 
 def format_report(runs: Sequence[LoadedRun], *, baseline: int | None = 0, tests: Sequence[str] = ("t-test",),
-                  prices: dict[str, Price] | None = None, columns: Sequence[str] | None = None, breakdowns: bool = False,
+                  prices: dict[str, Price] | None = None, columns: Sequence[str] | None = None,
+                  breakdowns: bool = False,
                   types: bool = False, changes: bool = False) -> tuple[str, list[dict]]:
     """What `metarag report` prints for `runs` (and `metarag experiment` for each dataset): the table,
     the line naming the reference of its paired tests, the answer judge's table where a run has one,
