@@ -109,7 +109,8 @@ class Experiment:
 def data_folder(experiment_file: Path | None) -> str:
     """What "{data}" in a corpus path stands for: `$METARAG_DATA_DIR`, else the `shared/data` folder
     beside the checkout holding the experiment file, spelled `<checkout>/../shared/data` (unresolved:
-    the corpus path is part of a run's id, and `scripts/run-table` spelled it so for the kept runs)."""
+    the corpus path is part of a run's id, and `scripts/run-table` spelled it so for the kept runs, so
+    the kept wiki-corpus runs resume only from a checkout at the path they ran in)."""
     given = os.environ.get("METARAG_DATA_DIR")
     if given:
         return given
