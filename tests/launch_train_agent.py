@@ -40,3 +40,8 @@ if __name__ == "__main__":
     report = train_agent(QUESTIONS, retriever, copy.deepcopy(model), tokenizer, OUT / "run", settings,
                          rollouts=Recorded(QUESTIONS, retriever, settings))
     print(f"rank done: steps={report.steps}")
+    import torch.distributed as dist
+
+    if dist.is_initialized():  # leave together: a rank exiting with the group alive can abort in gloo's threads
+        dist.barrier()
+        dist.destroy_process_group()

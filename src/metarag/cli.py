@@ -768,6 +768,10 @@ def cmd_train_agent(args: argparse.Namespace) -> int:
                           judge_settings=judge_settings,
                           signal_questions=args.measure_signal)
     print(report if isinstance(report, str) else report.summary())
+    distributed = getattr(sys.modules.get("torch"), "distributed", None)
+    if distributed is not None and distributed.is_available() and distributed.is_initialized():
+        distributed.barrier()  # under `accelerate launch`: the processes leave together, the group torn down
+        distributed.destroy_process_group()
     return 0
 
 
