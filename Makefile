@@ -47,7 +47,7 @@ test: $(STAMP)
 
 # The suite without the tests that load a real model (the embedded GGUFs, transformers on their weights,
 # MiniLM, a llama.cpp server), drive a browser, or launch several training processes (markers in
-# pyproject.toml): scripted models and tiny ones only, about 2 minutes (README: as measured).
+# pyproject.toml): scripted models and tiny ones only (its time as measured: README).
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not real_model and not browser and not slow"
 

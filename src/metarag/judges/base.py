@@ -42,3 +42,22 @@ class Judge(Protocol):
     name: str
 
     def judge(self, inputs: Inputs) -> JudgeCall: ...
+
+
+class JudgeAudit:
+    """A judge over recorded inputs, as a method the runner runs (every model call goes through
+    `methods/runner.py`): its policy for a question asks the judge about that question's inputs and
+    returns the verdict. `inputs` maps question ids to the judge's inputs. Subclasses name the audit."""
+
+    name = "judge-audit"
+    revision = 1
+
+    def __init__(self, inputs: Mapping[str, Mapping[str, str]], judge: Any):
+        self.inputs, self.judge = dict(inputs), judge
+
+    def policy(self, question: Any) -> Generator[Any, Any, str]:
+        from metarag.policy.actions import Assess
+
+        verdict = yield Assess(self.judge, self.inputs[question.id])
+        return verdict.verdict
+

@@ -15,11 +15,11 @@ from collections.abc import Generator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from metarag.judges.base import Verdict
+from metarag.judges.base import JudgeAudit, Verdict
 from metarag.llm.base import Decoding
 from metarag.parsing import parse_yes_no
-from metarag.policy.actions import Action, Ask, Assess
-from metarag.records import Message, Question
+from metarag.policy.actions import Action, Ask
+from metarag.records import Message
 from metarag.settings import check_ranges, setting
 
 CORRECT, INCORRECT, UNJUDGED = "correct", "incorrect", "unjudged"
@@ -94,17 +94,12 @@ def read_verdict(text: str) -> Verdict:
     return Verdict(CORRECT if said else INCORRECT, 1.0 if said else 0.0)
 
 
-class AnswerAudit:
+class AnswerAudit(JudgeAudit):
     """The judge over recorded answers, as a method the runner runs (every model call goes through
     `methods/runner.py`): its policy for a question asks the judge about that answer and returns the
     verdict. `inputs` maps the audit's question ids to the judge's inputs (question, golds, prediction)."""
 
     name = "answer-audit"
-    revision = 1
 
     def __init__(self, inputs: Mapping[str, Mapping[str, str]], judge: AnswerJudge = AnswerJudge()):
-        self.inputs, self.judge = dict(inputs), judge
-
-    def policy(self, question: Question) -> Generator[Any, Any, str]:
-        verdict = yield Assess(self.judge, self.inputs[question.id])
-        return verdict.verdict
+        super().__init__(inputs, judge)

@@ -19,13 +19,13 @@ from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from metarag.judges.base import Verdict
+from metarag.judges.base import JudgeAudit, Verdict
 from metarag.llm.base import Decoding
 from metarag.parsing import labelled_fields, parse_yes_no
-from metarag.policy.actions import Action, Ask, Assess
+from metarag.policy.actions import Action, Ask
 from metarag.policy.agent_trace import ANSWER, agent_steps
 from metarag.policy.evidence import format_passages
-from metarag.records import Hit, Message, Question, Trace
+from metarag.records import Hit, Message, Trace
 from metarag.settings import check_ranges, setting
 
 UNDER_SEARCH, NOT_UNDER_SEARCH, UNJUDGED = "under-search", "not-under-search", "unjudged"
@@ -112,17 +112,12 @@ def _reasoning(step: Any) -> str:
     return " ".join(_THINK_TAGS.sub(" ", _ACTION_TAG.sub("", step.text)).split())
 
 
-class UnderSearchAudit:
+class UnderSearchAudit(JudgeAudit):
     """The judge over a finished run, as a method the runner runs (every model call goes through
     `methods/runner.py`): its policy for a question asks the judge about that question's recorded
     trajectory and returns the verdict. `inputs` maps question ids to `under_search_inputs`."""
 
     name = "under-search-audit"
-    revision = 1
 
     def __init__(self, inputs: Mapping[str, Mapping[str, str]], judge: UnderSearchJudge = UnderSearchJudge()):
-        self.inputs, self.judge = dict(inputs), judge
-
-    def policy(self, question: Question) -> Generator[Any, Any, str]:
-        verdict = yield Assess(self.judge, self.inputs[question.id])
-        return verdict.verdict
+        super().__init__(inputs, judge)
