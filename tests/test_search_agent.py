@@ -8,6 +8,7 @@ by `policy/agent_trace.agent_steps`), the growing transcript, the verify prompt,
 seeded candidates, the fixed-point reply, and one real-model run of each agent."""
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import os
@@ -38,6 +39,7 @@ from metarag.parsing import agent_closing_tag, read_agent_action
 from metarag.policy.actions import Ask, Clip, Note, Probe, Search
 from metarag.records import Completion, Decide, Generate, LabelScores, Question, Retrieve, Score, Trace
 from metarag.retrieve.memory import MemoryRetriever
+from metarag.settings import settings_hash
 
 GOLDEN = Path(__file__).parent / "golden"
 Q = Question("q1", "In which city was the engineer of the Eiffel Tower born?", ("Dijon",))
@@ -186,6 +188,25 @@ def test_the_forced_answer_starts_inside_the_answer_tag(corpus):
     (only,) = belief.of_kind(Generate)
     assert only.prompt[-1].content == FORCE_PREFIX and "This is your last step" in only.prompt[0].content
     assert actions(belief) == ["answer"] and belief.answer == "Dijon"
+
+
+def test_think_prefix_opens_every_unforced_reply_inside_the_reasoning_tag(corpus):
+    # the replies continue a prompt that already opened <think>: no tag of their own at the start
+    llm = scripted("I need the engineer.</think>\n<search> Eiffel Tower engineer </search>",
+                   "He was born in Dijon.</think>\n<answer> Dijon </answer>")
+    trace = agent_run("belief-agent", llm, corpus, think_prefix="true")
+    assert trace.error is None and actions(trace) == ["search", "answer"] and trace.answer == "Dijon"
+    steps = trace.of_kind(Generate)
+    assert [g.prompt[-1].role for g in steps] == ["assistant", "assistant"]
+    assert [g.prompt[-1].content for g in steps] == ["<think>", "<think>"]
+    # the forced last step still opens <answer>, not <think>
+    forced = agent_run("belief-agent", scripted(SEARCH), corpus, T="2", think_prefix="true").of_kind(Generate)
+    assert [g.prompt[-1].content for g in forced] == ["<think>", FORCE_PREFIX]
+    # off (the paper's agent), the step prompt ends with the user's message, and the run id is unchanged
+    plain = agent_run("belief-agent", scripted(ANSWER), corpus).of_kind(Generate)
+    assert plain[0].prompt[-1].role == "user"
+    without = {k: v for k, v in dataclasses.asdict(BeliefAgentSettings()).items() if k != "think_prefix"}
+    assert settings_hash(BeliefAgentSettings()) == settings_hash(without)
 
 
 def test_an_empty_forced_answer_ends_the_episode_with_no_answer(corpus):

@@ -508,14 +508,15 @@ def test_cpu_recipe_resolves_to_its_settings_and_keeps_the_papers_method():
 
 
 @needs_trl
-def test_two_steps_of_the_cpu_recipe_on_a_tiny_model_log_where_the_time_went(tiny, tmp_path):
+@pytest.mark.parametrize("think_prefix", [False, True])
+def test_two_steps_of_the_cpu_recipe_on_a_tiny_model_log_where_the_time_went(tiny, tmp_path, think_prefix):
     import copy
 
     from metarag.train.agent import recipe_settings, train_agent
 
     base, tokenizer = tiny
     settings = recipe_settings("cpu", steps=2, step_max_tokens=5, lora_r=4, save_every=1, group_size=2,
-                               train_batch_size=2, max_turns=2, keep_checkpoints=1)
+                               train_batch_size=2, max_turns=2, keep_checkpoints=1, think_prefix=think_prefix)
     rollouts = AgentRollouts(QUESTIONS, MemoryRetriever(PASSAGES), settings)
     report = train_agent(QUESTIONS, MemoryRetriever(PASSAGES), copy.deepcopy(base), tokenizer, tmp_path, settings,
                          rollouts=rollouts)
@@ -530,6 +531,10 @@ def test_two_steps_of_the_cpu_recipe_on_a_tiny_model_log_where_the_time_went(tin
         assert record["time/probe"] > 0 and record["time/reference"] == 0.0  # KL 0: no reference pass
     # the rollouts ran under bf16 autocast, as the training passes do
     assert all(g.logprobs for t in rollouts.last["traces"] for g in step_generations(t))
+    # with think_prefix every unforced step's prompt ends inside <think>: prompt, trained on nowhere
+    openings = [g.prompt[-1].content for t in rollouts.last["traces"] for g in step_generations(t)
+                if g.prompt[-1].role == "assistant" and g.prompt[-1].content != "<answer>"]
+    assert (set(openings) == {"<think>"}) if think_prefix else not openings
 
 
 def test_signal_fraction_counts_the_groups_whose_rewards_differ():
@@ -602,3 +607,23 @@ def test_a_run_resumes_after_a_reward_setting_is_added_at_its_default_not_after_
     added_off_default = {**now, "reward_settings": {**now["reward_settings"], "refine_weight": 0.5}}
     with pytest.raises(ConfigError, match="another reward_settings"):
         _check_resumable(tmp_path, added_off_default)
+
+
+def test_think_prefix_reaches_the_rollouts_agent_and_a_run_resumes_only_with_the_same_opening(tmp_path):
+    import json
+
+    from metarag.errors import ConfigError
+    from metarag.train.agent import MANIFEST, TRAINER_DIR, _check_resumable, recipe_settings
+
+    s = recipe_settings("cpu", think_prefix=True)
+    assert build_method("belief-agent", s.method_overrides()).settings.think_prefix is True
+    assert "think_prefix" not in recipe_settings("cpu").method_overrides()  # off: the paper's agent
+    with pytest.raises(ConfigError, match="think_prefix is belief-agent's"):
+        recipe_settings("cpu", method="search-r1", reward="search-r1", think_prefix=True)
+    checkpoint = tmp_path / TRAINER_DIR / "checkpoint-5"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "trainer_state.json").write_text("{}")
+    (checkpoint / MANIFEST).write_text(json.dumps({"method": "belief-agent", "think_prefix": True}))
+    _check_resumable(tmp_path, {"method": "belief-agent", "think_prefix": True})
+    with pytest.raises(ConfigError, match="another think_prefix"):  # trained with it, resumed without
+        _check_resumable(tmp_path, {"method": "belief-agent"})

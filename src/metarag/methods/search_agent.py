@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Generator, Hashable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from metarag.judges.belief import belief_probe
@@ -72,6 +72,8 @@ INVALID_NOTE = ("\nMy last action was not valid. To search, I have to put the qu
 # ... and at the last step, where the answer is forced: the reply starts inside the answer tag
 FORCE_NOTE = "\nI have no searches left, so I give the final answer now.\n"
 FORCE_PREFIX = "<answer>"
+# ... and, with belief-agent's `think_prefix`, every other step's reply starts inside the reasoning tag
+THINK_PREFIX = "<think>"
 
 # belief-agent's step prompt, in verl-agent's search-template shape (`SEARCH_TEMPLATE_NO_HIS` at
 # step 0, `SEARCH_TEMPLATE` later): the question and history first (the step's context c_t, which
@@ -174,6 +176,16 @@ class BeliefAgentSettings:
     step every strategy's candidate is answer (the answer is forced), so here "heuristic" proposes
     what "search" does. `stop_at_fixed_point`: the shared rule on the memory and the step count (the
     prompt shows the count), which cannot fire.
+
+    `think_prefix` (off by default, the paper's agent) starts the reply of every step but the forced
+    last one with `<think>`, an assistant prefix the model continues, as the forced step starts with
+    `<answer>`: the R1-style opening (DeepSeek-R1's chat template ends its generation prompt with
+    `<think>`; the step prompt already demands the reasoning inside that tag). Ours, for small
+    instruction models: the untrained Qwen2.5-Coder-0.5B answers the step prompt by echoing the
+    candidate line ("SEARCH (call the search engine with ...)"), no tag and no action, so every
+    non-forced step is invalid and the forced answer a sentence; opened inside `<think>`, it closes
+    the tag and writes `<answer>` or `<search>` (docs/results.md, "Training that learns on the CPU",
+    measures what it changes). The prefix is prompt, not generation: training gives it no gradient.
     """
 
     T: int = setting(4, ge=1)
@@ -184,6 +196,8 @@ class BeliefAgentSettings:
     candidate_seed: int = setting(0, ge=0)
     probe: bool = False
     stop_at_fixed_point: bool = True
+    # left out of the run id at its default, so the runs before it keep theirs
+    think_prefix: bool = field(default=False, metadata={"omit_default": True})
 
     def __post_init__(self) -> None:
         check_ranges(self)
@@ -252,7 +266,7 @@ class _Episode:
                 return _Step("invalid", "", "no answer", reply)
             answer = clean_answer(out.text)
             return _Step("answer", answer, "", reply) if answer else _Step("invalid", "", "empty answer", reply)
-        reply = closed_reply(out)
+        reply = self._opening() + closed_reply(out)
         action, content, reason = read_agent_action(reply)
         if action == "answer":
             content = clean_answer(content) or content
@@ -261,6 +275,11 @@ class _Episode:
     def _candidate(self, question: Question, t: int, forced: bool) -> Generator[Any, Any, str | None]:
         return None
         yield  # a generator that yields nothing: search-r1 proposes no candidate
+
+    def _opening(self) -> str:
+        """What a non-forced step's reply starts with, given as an assistant prefix (nothing: the
+        model writes the whole reply)."""
+        return ""
 
     # each agent's own
     def _start(self, question: Question) -> None: ...
@@ -373,7 +392,11 @@ class _BeliefEpisode(_Episode):
         body = context + STEP_ACTION
         if candidate is not None:
             body += "\n" + VERIFY_INSTRUCTION.format(candidate_decision=CANDIDATE_DECISION[candidate]) + "\n"
-        return (Message("user", body),)
+        opening = self._opening()
+        return (Message("user", body),) + ((Message("assistant", opening),) if opening else ())
+
+    def _opening(self) -> str:
+        return THINK_PREFIX if self.settings.think_prefix else ""
 
     def _remember(self, t: int, step: _Step, hits: list[Hit]) -> Generator[Any, Any, None]:
         yield from ()

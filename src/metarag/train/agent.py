@@ -127,12 +127,17 @@ class AgentTrainSettings:
     keep_checkpoints: int = setting(3, ge=0)
     time_budget_s: float = setting(0.0, ge=0)
     seed: int = 0
+    # belief-agent's `think_prefix` (methods/search_agent.py says why), off as in the paper; left out of
+    # the saved settings at its default
+    think_prefix: bool = dataclasses.field(default=False, metadata={"omit_default": True})
 
     def __post_init__(self) -> None:
         check_ranges(self)
         if self.method not in AGENT_METHODS:
             raise ConfigError(f"train-agent trains {' or '.join(AGENT_METHODS)}, not {self.method!r}"
                               f"{close_matches(self.method, AGENT_METHODS)}")
+        if self.think_prefix and self.method != "belief-agent":
+            raise ConfigError(f"think_prefix is belief-agent's setting; {self.method} keeps its own reply opening")
         from metarag.train.rewards import reward_function
 
         reward_function(self.reward)  # an unknown reward fails here, before any model loads
@@ -146,7 +151,8 @@ class AgentTrainSettings:
         """The agent's settings a training run fixes: turns, passages, step budget, the probe on."""
         turns = self.max_turns + 1 if self.method in _FINAL_TURN_AFTER else self.max_turns
         probe = {"probe": True} if self.method in _PROBED else {}
-        return {"T": turns, "k": self.top_k, "step_max_tokens": self.step_max_tokens, **probe}
+        think = {"think_prefix": True} if self.think_prefix else {}
+        return {"T": turns, "k": self.top_k, "step_max_tokens": self.step_max_tokens, **probe, **think}
 
     def resolved_precision(self, on_gpu: bool) -> str:
         """The precision "auto" means on this machine: bf16 autocast over float32 weights on a GPU."""
@@ -849,6 +855,7 @@ def train_agent(questions: Sequence[Question], retriever: Any, model: Any, token
         "settings": dataclasses.asdict(settings), "lora": lora, "precision": precision,
         "reward_settings": dataclasses.asdict(reward_settings),
         **({"judge_settings": dataclasses.asdict(judge_settings)} if judge_settings is not None else {}),
+        **({"think_prefix": True} if settings.think_prefix else {}),
         "trl": trl.__version__, "peft": peft.__version__, "git_commit": _git_commit(),
         **(provenance or {}),
     }
@@ -989,7 +996,8 @@ def _last_checkpoint(out: Path) -> Path | None:
     return max(done, key=_checkpoint_step) if done else None
 
 
-_RESUME_KEYS = ("method", "reward", "reward_settings", "judge_settings", "base_model_sha256", "data_sha256", "lora")
+_RESUME_KEYS = ("method", "reward", "reward_settings", "judge_settings", "base_model_sha256", "data_sha256", "lora",
+                "think_prefix")
 
 
 def _settings_defaults(key: str) -> dict[str, Any]:
@@ -1014,8 +1022,8 @@ def _check_resumable(out: Path, manifest: dict[str, Any]) -> None:
             defaults = _settings_defaults(key)
             before = {**{k: v for k, v in now.items() if k not in before and k in defaults and defaults[k] == v},
                       **before}
-        if key in manifest and json.dumps(before, default=str, sort_keys=True) != json.dumps(now, default=str,
-                                                                                             sort_keys=True):
+        if (key in manifest or key in old) and json.dumps(before, default=str, sort_keys=True) != json.dumps(
+                now, default=str, sort_keys=True):
             raise ConfigError(f"{out} holds a training run with another {key} ({old.get(key)!r}, now "
                               f"{manifest.get(key)!r}): give a new --out, or the same settings to resume")
 
