@@ -64,3 +64,18 @@ def test_a_slice_keeps_the_questions_of_its_types_and_hops_and_refuses_an_empty_
     typed_only = Dataset("h", questions[:2], dataset.passages, "h.json", "0" * 64, "hotpotqa")
     # no hops in this split: the hop filter does not apply
     assert [q.id for q in question_slice(typed_only, ("comparison",), max_hops=2).questions] == ["a"]
+
+
+def test_unseen_is_every_question_of_the_whole_splits_not_trained_on(tmp_path):
+    from metarag.data.pool import question_slice, unseen
+
+    a, b = dataset("alpha-train", 6, "a"), dataset("beta-train", 4, "b")
+    easy = [question_slice(d, max_hops=None) for d in (a, b)]
+    pool = mixed_split([Dataset(d.name, d.questions[:3], d.passages, d.path, "sha", "flashrag") for d in easy], 1, 0)
+    rest = unseen([a, b], pool)
+    trained = {q.id for _, q in pool.train}
+    assert len(rest) == 10 - len(trained) and not trained & {q.id for _, q in rest}
+    assert {q.id for _, q in pool.heldout} <= {q.id for _, q in rest}  # the slice's held-out ones are in it
+    paths = write_pool(pool, tmp_path, "easy", rest)
+    assert paths[3].name == "easy_unseen.jsonl" and len(paths[3].read_text().splitlines()) == len(rest)
+    assert len(write_pool(pool, tmp_path / "plain")) == 3

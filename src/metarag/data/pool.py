@@ -77,14 +77,32 @@ def question_slice(dataset: Dataset, types: Sequence[str] = (), max_hops: int | 
                                missing_support=aligned(dataset.missing_support))
 
 
-def write_pool(pool: Pool, folder: str | Path, name: str = "pool") -> tuple[Path, Path, Path]:
-    """Write FOLDER/NAME_train.jsonl, NAME_heldout.jsonl and NAME_corpus.jsonl; return their paths."""
+def unseen(datasets: Sequence[object], pool: Pool) -> tuple[tuple[str, Question], ...]:
+    """Every question of `datasets` (the whole splits, before any slice) that `pool` does not train
+    on, in file order: what a checkpoint trained on an easier slice is evaluated on when that slice's
+    own held-out share is too small to test (it holds the slice's held-out questions and the harder
+    ones the slice left out)."""
+    trained = {q.id for _, q in pool.train}
+    return tuple((d.name, q) for d in datasets for q in d.questions if q.id not in trained)
+
+
+def _write_questions(path: Path, questions: Sequence[tuple[str, Question]]) -> None:
+    path.write_text("".join(json.dumps({"id": q.id, "question": q.text, "golden_answers": list(q.answers),
+                                        "source": source}) + "\n" for source, q in questions))
+
+
+def write_pool(pool: Pool, folder: str | Path, name: str = "pool",
+               unseen_questions: Sequence[tuple[str, Question]] = ()) -> tuple[Path, ...]:
+    """Write FOLDER/NAME_train.jsonl, NAME_heldout.jsonl and NAME_corpus.jsonl, and NAME_unseen.jsonl
+    when `unseen_questions` are given (`unseen`); return their paths."""
     out = Path(folder).expanduser()
     out.mkdir(parents=True, exist_ok=True)
     paths = out / f"{name}_train.jsonl", out / f"{name}_heldout.jsonl", out / f"{name}_corpus.jsonl"
     for path, questions in zip(paths, (pool.train, pool.heldout)):
-        path.write_text("".join(json.dumps({"id": q.id, "question": q.text, "golden_answers": list(q.answers),
-                                            "source": source}) + "\n" for source, q in questions))
+        _write_questions(path, questions)
     paths[2].write_text("".join(json.dumps({"id": p.id, "title": p.title, "text": p.text}) + "\n"
                                 for p in pool.passages))
+    if unseen_questions:
+        paths += (out / f"{name}_unseen.jsonl",)
+        _write_questions(paths[3], unseen_questions)
     return paths
