@@ -561,6 +561,8 @@ def test_measure_signal_writes_a_line_per_question_and_resumes(tiny, tmp_path, m
     assert again.questions == 3 and len(calls) == 3  # only the third question was rolled out
     lines = [json.loads(x) for x in (tmp_path / SIGNAL_FILE).read_text().splitlines()]
     assert [x["question_id"] for x in lines] == ["q1", "q2", "q3"] and all(len(x["total"]) == 2 for x in lines)
+    assert all(len(x["answers"]) == len(x["actions"]) == 2 and x["gold"] for x in lines)  # why no signal, per rollout
+    assert all(a and a[-1] in ("answer", "invalid", "search") for x in lines for a in x["actions"])
     assert "groups" in again.summary()
 
 

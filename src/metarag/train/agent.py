@@ -1070,8 +1070,11 @@ class SignalReport:
 def measure_signal(questions: Sequence[Question], retriever: Any, model: Any, tokenizer: Any, out_dir: str | Path,
                    settings: AgentTrainSettings, limit: int, reward_settings: Any = None) -> SignalReport:
     """Roll out G per question (the first `limit` questions) with `model` as a training step would,
-    and measure the share of groups with a gradient. One line per question in OUT/signal.jsonl,
-    written as each finishes: a re-run measures only the questions not yet there."""
+    and measure the share of groups with a gradient. One line per question in OUT/signal.jsonl
+    (each rollout's reward parts, answer and actions), written as each finishes: a re-run measures
+    only the questions not yet there."""
+    from metarag.policy.agent_trace import agent_steps
+
     out = Path(out_dir).expanduser()
     out.mkdir(parents=True, exist_ok=True)
     path = out / SIGNAL_FILE
@@ -1092,6 +1095,10 @@ def measure_signal(questions: Sequence[Question], retriever: Any, model: Any, to
                   "total": [None if r is None else r.total for r in rewards],
                   "outcome": [None if r is None else r.outcome for r in rewards],
                   "searches": [None if r is None else r.searches for r in rewards],
+                  # what each rollout answered and did, against the gold: why a group has no signal
+                  "answers": [t.answer for t in rollouts.last["traces"]],
+                  "actions": [[s.action for s in agent_steps(t)] for t in rollouts.last["traces"]],
+                  "gold": list(rollouts.by_prompt[key].answers),
                   "seconds": result["rollout_seconds"]}
         with path.open("a") as f:
             f.write(json.dumps(record) + "\n")
