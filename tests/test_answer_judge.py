@@ -309,3 +309,21 @@ def test_other_weights_behind_the_same_judge_spec_are_refused_not_mixed(tmp_path
     monkeypatch.setattr(runner, "build_named_llm", lambda spec, **_: retrained)
     with pytest.raises(ConfigError, match="verdicts in .* came from scripted:judge"):
         evaluate(cfg, progress=False, llm=wrong_reader())
+
+
+def test_sample_signal_reads_the_groups_of_a_sampled_run(tmp_path):
+    from metarag.errors import DataError
+    from metarag.train.agent import sample_signal
+
+    store, _ = evaluate(replace(config(tmp_path), samples=Samples(k=4)), progress=False, llm=SeededReader())
+    right = {f"q{i}": [expected_right(f"q{i}", s) for s in range(3)] for i in range(6)}
+    got = sample_signal(store.path, group=3, example_answer="Nowhere")
+    assert got.groups == 6 and got.incomplete == 0
+    assert got.outcome_fraction == pytest.approx(sum(0 < sum(v) < 3 for v in right.values()) / 6)
+    assert got.mean_outcome == pytest.approx(sum(map(sum, right.values())) / 18)
+    assert got.example_answers == pytest.approx(1 - got.mean_outcome)  # every wrong answer is "Nowhere"
+    assert got.first_actions == {} and got.invalid_per_rollout == 0  # Standard RAG: no agent steps
+    with pytest.raises(DataError, match="no question has 5 sampled answers"):
+        sample_signal(store.path, group=5)
+    with pytest.raises(DataError, match="no run folder"):
+        sample_signal(tmp_path / "nowhere")

@@ -1067,6 +1067,56 @@ class SignalReport:
                 f"{self.outcome_fraction:.1%}; mean EM {self.mean_outcome:.3f} ({self.path})")
 
 
+@dataclass(frozen=True)
+class SampleSignal:
+    """The outcome signal a sampled evaluation predicts (`sample_signal`): `groups` questions with G
+    answers each (`incomplete` had fewer), the share whose EM differs inside the group, the mean EM,
+    and what the rollouts did: invalid steps per rollout, the first step's actions (shares), and the
+    share of answers that repeat the prompt's example answer."""
+
+    groups: int
+    incomplete: int
+    outcome_fraction: float
+    mean_outcome: float
+    invalid_per_rollout: float
+    first_actions: dict[str, float]
+    example_answers: float
+
+
+def sample_signal(run_dir: str | Path, group: int = 5, example_answer: str = "Lisbon") -> SampleSignal:
+    """`--measure-signal`'s outcome measure from a run folder of `metarag eval --samples K` (K >= G):
+    each question's first `group` sampled answers are a GRPO group, through whatever back-end ran
+    them (llama.cpp runs the same weights as `hf` far faster). A run without a complete group is a
+    DataError naming the folder."""
+    from collections import Counter
+
+    from metarag.evaluate.runs import RunStore
+    from metarag.metrics import normalize_answer
+    from metarag.policy.agent_trace import agent_steps
+
+    store = RunStore(run_dir)
+    if not store.exists():
+        raise DataError("no run folder here (settings.json missing)", path=str(run_dir))
+    groups: dict[str, list[Any]] = {}
+    for (qid, i), result in sorted(store.load_samples().items()):
+        if i < group:
+            groups.setdefault(qid, []).append(result)
+    full = [rs for rs in groups.values() if len(rs) == group]
+    if not full:
+        raise DataError(f"no question has {group} sampled answers (eval --samples {group} or more)", path=str(run_dir))
+    rollouts = [r for rs in full for r in rs]
+    steps = [agent_steps(r.trace) for r in rollouts]
+    first = Counter(s[0].action for s in steps if s)
+    return SampleSignal(
+        groups=len(full), incomplete=len(groups) - len(full),
+        outcome_fraction=signal_fraction([[r.scores.em for r in rs] for rs in full]),
+        mean_outcome=sum(r.scores.em for r in rollouts) / len(rollouts),
+        invalid_per_rollout=sum(sum(x.action == "invalid" for x in s) for s in steps) / len(rollouts),
+        first_actions={a: n / len(rollouts) for a, n in first.most_common()},
+        example_answers=sum(normalize_answer(r.prediction) == normalize_answer(example_answer)
+                            for r in rollouts) / len(rollouts))
+
+
 def measure_signal(questions: Sequence[Question], retriever: Any, model: Any, tokenizer: Any, out_dir: str | Path,
                    settings: AgentTrainSettings, limit: int, reward_settings: Any = None) -> SignalReport:
     """Roll out G per question (the first `limit` questions) with `model` as a training step would,
