@@ -67,11 +67,11 @@ def test_a_slice_keeps_the_questions_of_its_types_and_hops_and_refuses_an_empty_
 
 
 def test_unseen_is_every_question_of_the_whole_splits_not_trained_on(tmp_path):
-    from metarag.data.pool import question_slice, unseen
+    from metarag.data.pool import unseen
 
     a, b = dataset("alpha-train", 6, "a"), dataset("beta-train", 4, "b")
-    easy = [question_slice(d, max_hops=None) for d in (a, b)]
-    pool = mixed_split([Dataset(d.name, d.questions[:3], d.passages, d.path, "sha", "flashrag") for d in easy], 1, 0)
+    # a slice: the first 3 questions of each split, 1 of them held out
+    pool = mixed_split([Dataset(d.name, d.questions[:3], d.passages, d.path, "sha", "flashrag") for d in (a, b)], 1, 0)
     rest = unseen([a, b], pool)
     trained = {q.id for _, q in pool.train}
     assert len(rest) == 10 - len(trained) and not trained & {q.id for _, q in rest}
