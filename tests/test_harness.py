@@ -258,6 +258,9 @@ def test_report_cli_prints_table_writes_csv_and_plot(tmp_path, capsys):
     assert capsys.readouterr().out.splitlines()[2] == "| standard-rag | 5 |"
     assert main(["report", str(store.path), "--columns", "EM,nonsense"]) == 1
     assert "unknown report column(s) 'nonsense'" in capsys.readouterr().err
+    # a judge column is known before any run is judged (an experiment's --report-only mid-way)
+    assert main(["report", str(store.path), "--csv", "", "--columns", "method,judge acc"]) == 0
+    assert capsys.readouterr().out.splitlines()[2] == "| standard-rag | – |"
 
 
 def test_eval_with_a_reranker_records_rerank_steps_and_saves_its_settings(tmp_path):

@@ -302,7 +302,9 @@ def report_table(runs: Sequence[LoadedRun], *, baseline: int | None = 0, tests: 
     rows = [summarize(r, prices) for r in runs]
     tell_apart(rows, runs)
     if columns is not None:
-        unknown = [c for c in columns if not any(c in row for row in rows)]
+        # a judge or sample column is known before any run has one: its cells show "–" until then
+        unknown = [c for c in columns
+                   if c not in JUDGE_COLUMNS + SAMPLE_COLUMNS and not any(c in row for row in rows)]
         if unknown:
             known = sorted({k for row in rows for k in row})
             raise ConfigError(f"unknown report column(s) {', '.join(map(repr, unknown))}; "
