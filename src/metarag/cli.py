@@ -444,6 +444,9 @@ def add_llm_args(p: argparse.ArgumentParser) -> None:
                    help="llama.cpp: evaluate prompts in chunks ending at multiples of C tokens and reuse only "
                         "whole chunks from the KV cache, so a prompt's output does not depend on what ran before "
                         "it (0, the default: reuse any shared prefix, faster but order-dependent); e.g. 32")
+    p.add_argument("--lora", default=None, metavar="PATH",
+                   help="a LoRA adapter on a llama.cpp model: a train-agent checkpoint (or any PEFT adapter "
+                        "folder; converted once) or a GGUF adapter file; its sha256 joins the run id")
     p.add_argument("--no-cache", "--no-response-cache", dest="no_cache", action="store_true",
                    help="this run neither reads nor writes the persistent response cache")
 
@@ -847,7 +850,7 @@ def llm_spec_from_args(args: argparse.Namespace):
     return parse_llm_spec(args.llm, gguf=args.gguf, base_url=args.base_url, model=args.model,
                           api_key_env=args.api_key_env, n_threads=args.threads,
                           **({} if args.n_ctx is None else {"n_ctx": args.n_ctx}),
-                          response_cache=not args.no_cache, prefix_chunk=args.prefix_chunk)
+                          response_cache=not args.no_cache, prefix_chunk=args.prefix_chunk, lora=args.lora)
 
 
 def raise_config(message: str):

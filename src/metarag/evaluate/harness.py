@@ -188,10 +188,14 @@ def prepare(config: EvalConfig):
         "corpus_fingerprint": corpus_fingerprint(dataset.passages) if needs_corpus else None,
         "retriever": config.retriever if needs_corpus else None,
         # how the model is run (threads, the response cache) does not change what it answers: not hashed
-        # (prefix_chunk only where set, so the run ids of runs without it stay put)
+        # (prefix_chunk and lora only where set, so the run ids of runs without them stay put)
         "llm": {k: v for k, v in asdict(config.llm).items()
-                if k not in ("response_cache", "n_threads") and (k != "prefix_chunk" or v)},
+                if k not in ("response_cache", "n_threads") and (k not in ("prefix_chunk", "lora") or v)},
     }
+    if config.llm.lora:  # an adapter by what it applies (its config and weights), not by where it lies
+        from metarag.llm.lora import adapter_sha256
+
+        resolved["llm"]["lora"] = f"sha256:{adapter_sha256(config.llm.lora)}"
     if config.samples.k > 1:  # absent for one greedy answer per question, so those run ids stay put
         resolved["sampling"] = {"temperature": config.samples.temperature, "top_p": config.samples.top_p}
     revision = method_revision(config.method)

@@ -66,7 +66,15 @@ class LlamaCppSettings:
     a fresh evaluation, bit for bit, whatever ran before. The cost is up to C − 1 recomputed tokens per
     request. Off (0) by default for now, so the cached responses and kept runs of earlier sessions stay
     valid; on, it is part of the model's identity (the response cache keeps its answers apart) and of
-    the run id."""
+    the run id.
+
+    `lora` applies a LoRA adapter on top of the GGUF: a llama.cpp GGUF adapter file, or a PEFT adapter
+    folder (a `train-agent` checkpoint), converted once (`llm/lora.py`). The adapter's sha256 joins the
+    model's identity. The base stays quantized and the adapter is added in float32, so the trained
+    update is applied exactly; but any non-zero adapter moves llama.cpp's int8 rounding of the
+    activations, a change of ~0.09 in a logit on the 1.5B whatever the adapter's size (an adapter of
+    zeros changes nothing; `docs/results.md` measures both), so an adapter's effect below that is seen
+    through that noise."""
 
     embedded: str | None = "qwen2.5-coder-1.5b-instruct"
     gguf: str | None = None
@@ -79,6 +87,7 @@ class LlamaCppSettings:
     lookup_ngram: int = 3
     lookup_min_ngram: int = 2
     prefix_chunk: int = 0
+    lora: str | None = None
 
     def __post_init__(self) -> None:
         if self.prefix_chunk < 0 or self.prefix_chunk > self.n_batch:
@@ -110,15 +119,23 @@ class LlamaCppLLM:
         self.identity = f"llama.cpp:{name}:sha256={self.model_sha256[:16]}"
         if settings.prefix_chunk:  # exact reuse gives other (fresh-evaluation) numbers: kept apart in the cache
             self.identity += f":prefix_chunk={settings.prefix_chunk}"
+        adapter = None
+        if settings.lora:
+            from metarag.llm.lora import adapter_sha256, gguf_adapter
+
+            adapter = gguf_adapter(settings.lora, path)
+            self.identity += f":lora={adapter_sha256(settings.lora)[:16]}"
         self._clean = 0  # the context's leading positions evaluated in whole aligned chunks (prefix_chunk)
         try:
             threads = settings.n_threads or os.cpu_count()
             # n_threads_batch too: llama-cpp-python's own default for it is every core, so `--threads 1`
             # would still spread each prompt's evaluation over the whole machine
             self._llm = llama_cpp.Llama(model_path=str(path), n_ctx=settings.n_ctx, n_batch=settings.n_batch,
-                                        n_threads=threads, n_threads_batch=threads, verbose=False)
+                                        n_threads=threads, n_threads_batch=threads, verbose=False,
+                                        **({"lora_path": str(adapter)} if adapter else {}))
         except (ValueError, RuntimeError) as exc:
-            raise BackendError(f"llama.cpp could not load {path}: {exc}") from None
+            raise BackendError(f"llama.cpp could not load {path}{f' with the adapter {adapter}' if adapter else ''}: "
+                               f"{exc}") from None
         self._vocab = self._llm._model.vocab
         self._n_vocab = self._llm.n_vocab()
         self._formatter = self._chat_formatter()

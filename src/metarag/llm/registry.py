@@ -49,6 +49,7 @@ class LLMSpec:
     `base_url`/`model` for 'openai'; `n_ctx`/`n_threads` for the local back-ends.
     `response_cache` keeps every answer in `$METARAG_HOME/responses.sqlite`. `prefix_chunk` > 0
     makes llama.cpp's KV-cache reuse exact (`LlamaCppSettings.prefix_chunk`; 0, off, by default).
+    `lora` a LoRA adapter on a llama.cpp model (`LlamaCppSettings.lora`: a GGUF adapter or a PEFT folder).
     (The field names are those of the first version, so the run ids hashed from them stay put.)"""
 
     backend: str = "embedded"
@@ -60,6 +61,7 @@ class LLMSpec:
     n_threads: int | None = None
     response_cache: bool = True
     prefix_chunk: int = 0
+    lora: str | None = None
 
     def label(self) -> str:
         """The spec string naming this model (the inverse of `parse_llm_spec`)."""
@@ -106,6 +108,9 @@ def check_spec(spec: LLMSpec) -> None:
         raise ConfigError("--llm openai needs a model name (--llm openai:MODEL@URL, or --model NAME --base-url URL)")
     if spec.prefix_chunk and backend.cls != "LlamaCppLLM":
         raise ConfigError(f"--prefix-chunk is a llama.cpp setting; --llm {spec.backend} does not take it")
+    if spec.lora and backend.cls != "LlamaCppLLM":
+        raise ConfigError(f"--lora applies an adapter on a llama.cpp model (embedded, embedded-0.5b, gguf:PATH); "
+                          f"for --llm {spec.backend} give the checkpoint's merged model (hf:CHECKPOINT/merged)")
     if spec.gguf and spec.backend not in PATH_BACKENDS:
         raise ConfigError(f"a model path was given, but --llm {spec.backend} takes none (use gguf:PATH or hf:PATH)")
 
@@ -121,7 +126,7 @@ def backend_settings(spec: LLMSpec) -> Any:
         return settings_cls(embedded=None if spec.gguf else backend.embedded, path=spec.gguf, n_ctx=spec.n_ctx,
                             n_threads=spec.n_threads)
     return settings_cls(embedded=backend.embedded, gguf=spec.gguf, n_ctx=spec.n_ctx, n_threads=spec.n_threads,
-                        prefix_chunk=spec.prefix_chunk)
+                        prefix_chunk=spec.prefix_chunk, lora=spec.lora)
 
 
 def make_llm(spec: LLMSpec | str) -> LLM:
