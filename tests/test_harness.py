@@ -385,3 +385,37 @@ def test_report_by_type_reads_the_types_from_the_runs_dataset(tmp_path, capsys):
     data.unlink()  # the dataset gone: one line naming it
     assert main(["report", str(store.path), "--csv", "", "--by-type"]) == 1
     assert "hotpot.json" in capsys.readouterr().err
+
+
+def test_types_evaluate_only_those_questions_and_join_the_run_id(tmp_path):
+    from metarag.errors import ConfigError
+    from metarag.evaluate.harness import load_questions, prepare
+
+    data = write_hotpot(tmp_path / "hotpot.json")
+    records = json.loads(data.read_text())
+    for record in records[::2]:
+        record["type"] = "comparison"
+    data.write_text(json.dumps(records))
+    spec = DatasetSpec(file=str(data), types=("comparison",))
+    assert [q.id for q in load_questions(spec).questions] == ["q0", "q2", "q4"]
+    for seed in range(4):  # sampled after the slice
+        assert {q.id for q in load_questions(replace(spec, limit=2, seed=seed)).questions} < {"q0", "q2", "q4"}
+    store, results = evaluate(EvalConfig(method="standard-rag", dataset=spec, runs_dir=str(tmp_path / "runs")),
+                              progress=False, llm=reader())
+    assert [r.question_id for r in results] == ["q0", "q2", "q4"]
+    assert main(["report", str(store.path), "--csv", "", "--breakdown"]) == 0  # re-reads the run's slice
+    whole = prepare(EvalConfig(method="standard-rag", dataset=DatasetSpec(file=str(data)),
+                               runs_dir=str(tmp_path / "runs")))[0]
+    assert whole.path != store.path  # another slice, another run
+    with pytest.raises(ConfigError, match="no question of .* is of type compare"):
+        load_questions(replace(spec, types=("compare",)))
+    untyped = tmp_path / "untyped.json"
+    untyped.write_text(json.dumps([{k: v for k, v in r.items() if k != "type"} for r in records]))
+    with pytest.raises(ConfigError, match="gives no question types"):
+        load_questions(DatasetSpec(file=str(untyped), types=("comparison",)))
+    # the CLI flag reaches the run's dataset
+    from metarag.cli import build_parser, eval_config_from_args
+
+    args = build_parser().parse_args(["eval", "--method", "closed-book", "--dataset-file", str(data),
+                                      "--types", "comparison, bridge", "--runs-dir", str(tmp_path / "cli")])
+    assert eval_config_from_args(args).dataset.types == ("comparison", "bridge")

@@ -462,6 +462,9 @@ def add_eval_args(p: argparse.ArgumentParser) -> None:
                    help="retrieve from this corpus instead of the questions' own paragraphs")
     p.add_argument("--limit", type=positive_int, default=None, help="evaluate a seeded sample of N questions")
     p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    p.add_argument("--types", default="", metavar="T1,T2",
+                   help="only questions of these types, before --limit (2Wiki's comparison, bridge_comparison, "
+                        "compositional, inference; HotpotQA's comparison, bridge); the run id includes them")
     p.add_argument("--allow-unanswerable", action="store_true",
                    help="score questions without a gold answer as unanswerable (right only when the answer "
                         "abstains: unanswerable, unknown, unsure, ...) instead of refusing the file")
@@ -546,7 +549,8 @@ def eval_config_from_args(args: argparse.Namespace):
 
     dataset = DatasetSpec(preset=args.dataset, file=args.dataset_file, format=args.format,
                           corpus=args.corpus, limit=args.limit, seed=args.seed,
-                          allow_unanswerable=args.allow_unanswerable)
+                          allow_unanswerable=args.allow_unanswerable,
+                          types=tuple(t.strip() for t in args.types.split(",") if t.strip()))
     runs_dir = check_folder(args.runs_dir or runs_dir_default(),
                             "--runs-dir" if args.runs_dir else "the runs folder ($METARAG_RUNS, else ./runs)")
     return EvalConfig(method=args.method, dataset=dataset, llm=llm_spec_from_args(args),

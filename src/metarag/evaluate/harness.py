@@ -49,6 +49,7 @@ class DatasetSpec:
     limit: int | None = None
     seed: int = 0
     allow_unanswerable: bool = False  # score questions without a gold answer as unanswerable
+    types: tuple[str, ...] = ()  # only questions of these types (HotpotQA's / 2Wiki's), before the sample
 
     def label(self) -> str:
         return self.preset or Path(self.file or "dataset").stem
@@ -132,6 +133,13 @@ def load_questions(spec: DatasetSpec):
                                allow_unanswerable=spec.allow_unanswerable)
     if not dataset.questions:
         raise DataError("the dataset has no questions", path=dataset.path)
+    if spec.types:
+        from metarag.data.pool import question_slice
+
+        if not any(q.type for q in dataset.questions):
+            raise ConfigError(f"{dataset.name} gives no question types, so --types cannot pick among them "
+                              "(2wiki-dev1000, hotpotqa-train100 and HotpotQA-format files give them)")
+        dataset = question_slice(dataset, tuple(spec.types))
     if spec.limit is not None:
         if spec.limit < 1:
             raise ConfigError("--limit must be at least 1")
@@ -148,8 +156,11 @@ def run_dataset(settings: Mapping[str, Any], path: str | None = None, *, sampled
     if not (saved.get("preset") or saved.get("file")):
         raise DataError("the run's settings name no dataset", path=path)
     names = ("preset", "file", "corpus", "allow_unanswerable") + (() if saved.get("preset") else ("format",))
-    names += ("limit", "seed") if sampled else ()
-    return load_questions(DatasetSpec(**{k: saved[k] for k in names if saved.get(k) is not None}))
+    names += ("limit", "seed", "types") if sampled else ()
+    fields = {k: saved[k] for k in names if saved.get(k) is not None}
+    if "types" in fields:
+        fields["types"] = tuple(fields["types"])
+    return load_questions(DatasetSpec(**fields))
 
 
 def prepare(config: EvalConfig):
@@ -182,7 +193,8 @@ def prepare(config: EvalConfig):
         "method": config.method,
         "method_settings": to_plain(settings),
         # allow_unanswerable only where set, so the run ids of runs without it stay put
-        "dataset": {**{k: v for k, v in asdict(config.dataset).items() if k != "allow_unanswerable" or v},
+        "dataset": {**{k: v for k, v in asdict(config.dataset).items()
+                       if k not in ("allow_unanswerable", "types") or v},
                     "name": dataset.name, "format": dataset.format,
                     "sha256": dataset.sha256, "n_questions": len(dataset.questions)},
         "corpus_fingerprint": corpus_fingerprint(dataset.passages) if needs_corpus else None,
