@@ -119,6 +119,30 @@ def test_the_client_names_a_refused_limit_and_does_not_retry():
     assert not caught.value.retryable
 
 
+def test_the_client_splits_a_batch_over_the_limits_into_requests_that_fit():
+    from metarag.retrieve.remote import RemoteRetriever
+    from metarag.retrieve.service import BackgroundService, ServiceSettings
+
+    local = MemoryRetriever(CITIES, "memory")
+    queries = [f"capital {city} {i}" for i, city in enumerate(["Paris", "Berlin", "Mars", "Rhine", "Lyon",
+                                                                 "France", "Germany", "museum", "planet"])]
+    settings = ServiceSettings(max_body_bytes=600, max_queries=4, max_hits=9)
+    recording = Recording(CITIES)
+    with BackgroundService.start(recording, settings=settings) as service:
+        remote = RemoteRetriever(service.url)
+        # refused for its size (9 x 3 hits), then sent again in pieces that fit, in order
+        assert remote.search_many(queries, 3) == [local.search(q, 3) for q in queries]
+        sizes = list(recording.batches)
+        assert sum(sizes) == 9 and max(sizes) <= 3  # 9 hits // topk 3 = 3 queries a request
+        assert remote.limits() == {"max_queries": 4, "max_hits": 9, "max_body_bytes": 600}  # learned once
+        exclude = {f"p{i}-" + "x" * 30 for i in range(8)}  # each query carries its copy: the body limit binds
+        remote.search_many([q + " again" for q in queries], 1, exclude=exclude)
+        assert len(recording.batches) - len(sizes) >= 3  # cut before sending, now that the limits are known
+        with pytest.raises(BackendError, match="topk"):  # a limit no split mends is named, not split
+            remote.search("Paris", 10)
+        assert healthy(service.url)
+
+
 def test_health_answers_while_a_long_search_runs():
     from metarag.retrieve.service import BackgroundService
 

@@ -26,6 +26,10 @@ class RemoteRetriever:
     `max_retries` times, waiting `backoff_s`, then twice that, and so on; after that (or at once for
     a 4xx answer, which a retry would not change) BackendError names the URL and the reason.
     Hits carry the name of the retriever the service runs. The last `cache_size` answers are kept.
+    A batch the service refuses for its size (`serve-retriever --set max_queries=...`, `max_hits`,
+    `max_body_bytes`) is sent again as several requests that each fit, in order, so no caller has to
+    know the limits: they are read from the service's `/health` at the first such refusal (the
+    service's defaults when it does not report them), and later batches are cut before sending.
     """
 
     name = "remote"
@@ -43,6 +47,7 @@ class RemoteRetriever:
         self.max_retries = max_retries
         self.backoff_s = backoff_s
         self.cache: LRUCache[tuple[str, int, frozenset[str]], tuple[Hit, ...]] = LRUCache(cache_size)
+        self._limits: dict[str, int] | None = None  # the service's, from its first /health answer
 
     def search(self, query: str, k: int, exclude: Collection[str] = ()) -> list[Hit]:
         """The k best passages for `query` by the service's retriever, skipping ids in `exclude`."""
@@ -67,7 +72,57 @@ class RemoteRetriever:
         per question: one `GET /health`, no retry, at most `timeout_s`."""
         self._call("GET", "/health", None, attempts=1, timeout_s=min(timeout_s, self.timeout_s))
 
+    def limits(self) -> dict[str, int]:
+        """The service's request limits (its `/health` answer's, asked once; the service's defaults
+        for one that does not report them)."""
+        if self._limits is None:
+            from metarag.retrieve.service import LIMITS
+
+            reported = self.health().get("limits")
+            defaults = {"max_queries": LIMITS.max_queries, "max_hits": LIMITS.max_hits,
+                        "max_body_bytes": LIMITS.max_body_bytes}
+            self._limits = {key: int(reported[key]) if isinstance(reported, dict) and isinstance(
+                reported.get(key), int) and reported[key] > 0 else value for key, value in defaults.items()}
+        return self._limits
+
     def _retrieve(self, queries: list[str], k: int, exclude: frozenset[str]) -> list[list[Hit]]:
+        """One request; when the service refuses it for its size (413, or 422 over a count) and the
+        limits it reports would split it, the pieces, one request each, in order."""
+        chunks = self._chunks(queries, k, exclude) if self._limits is not None else [queries]
+        if len(chunks) == 1:
+            try:
+                return self._request(queries, k, exclude)
+            except BackendError as exc:
+                if self._limits is not None or not _over_a_limit(exc):
+                    raise
+                chunks = self._chunks(queries, k, exclude)  # reads the limits
+                if len(chunks) == 1:
+                    raise
+        out: list[list[Hit]] = []
+        for chunk in chunks:
+            out += self._request(chunk, k, exclude)
+        return out
+
+    def _chunks(self, queries: list[str], k: int, exclude: frozenset[str]) -> list[list[str]]:
+        """`queries` cut, in order, into runs that each fit the service's limits: at most
+        `max_queries` queries and `max_hits` hits (queries x k), and a body under `max_body_bytes`.
+        One query that alone breaks a limit goes alone, and the service names what it breaks."""
+        limits = self.limits()
+        per_request = max(1, min(limits["max_queries"], limits["max_hits"] // max(k, 1)))
+        excluded = len(json.dumps(sorted(exclude))) + 2 if exclude else 0  # the query's own copy, a comma
+        room = limits["max_body_bytes"] - 64  # the braces, the keys and topk
+        chunks: list[list[str]] = [[]]
+        size = 0
+        for query in queries:
+            cost = len(json.dumps(query)) + 2 + excluded
+            if chunks[-1] and (len(chunks[-1]) >= per_request or size + cost > room):
+                chunks.append([])
+                size = 0
+            chunks[-1].append(query)
+            size += cost
+        return chunks
+
+    def _request(self, queries: list[str], k: int, exclude: frozenset[str]) -> list[list[Hit]]:
         body: dict[str, Any] = {"queries": queries, "topk": k}
         if exclude:
             body["exclude"] = [sorted(exclude)] * len(queries)
@@ -113,6 +168,13 @@ class RemoteRetriever:
 
         return retrying(attempt, tries=self.max_retries + 1 if attempts is None else attempts,
                         backoff_s=self.backoff_s, failed=f"retrieval service at {url} failed")
+
+
+def _over_a_limit(exc: BackendError) -> bool:
+    """Whether the service refused a request for its size: a body over its limit (413), or more
+    queries or hits than it takes (422); not a bad topk or a too-long query, which no split mends."""
+    text = str(exc)
+    return "HTTP 413" in text or ("HTTP 422" in text and ("queries per request" in text or "hits per request" in text))
 
 
 def _error_message(exc: urllib.error.HTTPError) -> str:

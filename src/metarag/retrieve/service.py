@@ -250,7 +250,9 @@ def make_app(retriever: Retriever, settings: ServiceSettings = LIMITS) -> Any:
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
-        return {"status": "ok", "retriever": retriever.name, "passages": count}
+        # the limits too, so a client splits a batch over them instead of being refused (remote.py)
+        return {"status": "ok", "retriever": retriever.name, "passages": count,
+                "limits": {**limits, "max_body_bytes": settings.max_body_bytes}}
 
     @app.post("/retrieve")
     async def retrieve(http_request: Request) -> Any:
