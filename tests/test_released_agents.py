@@ -108,6 +108,9 @@ def test_search_o1_readers():
     assert SO.final_information("x\n**Final Information**\n\nA\nB") == "AB"
     assert SO.final_information("x\n**Modified Reasoning Steps**\nA\nB") == "A\nB"
     assert SO.final_information("nothing marked") == SO.NO_INFORMATION
+    # a reply that opens with the marker (an instruction model's way) counts; the authors' check does not
+    assert SO.final_information("**Final Information**\n\nHenry J. Kaiser.") == "Henry J. Kaiser."
+    assert SO.final_information("**Final Information**\n\nHenry J. Kaiser.", strict=True) == SO.NO_INFORMATION
     assert SO.last_between(O1_SEARCH + O1_SEARCH_AGAIN, SO.BEGIN_QUERY, SO.END_QUERY) == "Gustave Eiffel birthplace"
     lines = "\n".join(f"line {i}" for i in range(1, 9)) + f"\n{SO.BEGIN_QUERY}q{SO.END_QUERY}\nend"
     digest = SO.reasoning_digest(lines).split("\n\n")

@@ -160,7 +160,13 @@ class SearchO1Settings:
     `force_answer`: the last turn starts the reply inside `\\boxed{` so the episode ends with an
     answer (ours: the script just stops at the turn limit, and an unfinished chain has no answer;
     off reproduces that). The previous reasoning reaches Reason-in-Documents digested as the script
-    digests it (`reasoning_digest`). The script's sampling (temperature 0.7, top-p 0.8, top-k 20,
+    digests it (`reasoning_digest`). `strict_markers` off (ours): a Reason-in-Documents reply that
+    opens with its `**Final Information**` (or `**Modified Reasoning Steps**`) line counts as marked;
+    the authors' `extract_answer` finds a marker only after a newline, which their reasoning model
+    always writes after its thinking, but an instruction model opens its reply with the marker, and
+    the strict check then hands the chain "No helpful information found." for every search (the
+    1.5B: all 4 condensed results of its first 5 questions thrown away, one naming the answer); on reproduces
+    the authors' check. The script's sampling (temperature 0.7, top-p 0.8, top-k 20,
     repetition penalty 1.05) is the run's choice here, as for every method."""
 
     T: int = setting(15, ge=1)
@@ -171,6 +177,7 @@ class SearchO1Settings:
     instruction: Literal["multi", "single"] = "multi"
     task: Literal["default", "qwq"] = "default"
     force_answer: bool = True
+    strict_markers: bool = False
 
     def __post_init__(self) -> None:
         check_ranges(self)
@@ -209,10 +216,13 @@ def boxed_answer(text: str) -> str:
     return inner.strip().strip("()").strip()
 
 
-def final_information(reply: str) -> str:
+def final_information(reply: str, strict: bool = False) -> str:
     """What a Reason-in-Documents reply hands to the chain: the text after its last `**Final
     Information**` line (newlines dropped, code fences stripped), else after `**Modified Reasoning
-    Steps**`, else "No helpful information found." (`extract_answer`, mode "infogen")."""
+    Steps**`, else "No helpful information found." (`extract_answer`, mode "infogen"). A marker
+    opening the reply counts unless `strict` (the authors' check: only after a newline)."""
+    if not strict:
+        reply = "\n" + reply
     if FINAL_INFORMATION in reply:
         return reply.split(FINAL_INFORMATION)[-1].replace("\n", "").strip("`").strip()
     if MODIFIED_STEPS in reply:
@@ -251,7 +261,7 @@ class SearchO1:
     """Search-o1: one growing reasoning chain that reads each search's documents condensed first."""
 
     name = "search-o1"
-    revision = 1
+    revision = 2  # 2: a Reason-in-Documents reply that opens with its marker counts (strict_markers off)
 
     def __init__(self, settings: SearchO1Settings = SearchO1Settings()):
         self.settings = settings
@@ -301,5 +311,5 @@ def reason_in_documents(chain: str, query: str, hits: Sequence[Hit],
     prompt = REASON_IN_DOCUMENTS.format(prev_reasoning=reasoning_digest(chain), search_query=query,
                                         document=format_pages(hits, settings.max_doc_chars))
     out = yield Ask("reason-in-documents", (Message("user", prompt),), Decoding(max_tokens=settings.step_max_tokens))
-    return final_information(out.text)
+    return final_information(out.text, settings.strict_markers)
 
