@@ -165,7 +165,7 @@ class SearchO1Settings:
     the authors' `extract_answer` finds a marker only after a newline, which their reasoning model
     always writes after its thinking, but an instruction model opens its reply with the marker, and
     the strict check then hands the chain "No helpful information found." for every search (the
-    1.5B: all 4 condensed results of its first 5 questions thrown away, one naming the answer); on reproduces
+    1.5B: all 4 condensed results of its first 5 questions thrown away, 3 of them naming the answer); on reproduces
     the authors' check. The script's sampling (temperature 0.7, top-p 0.8, top-k 20,
     repetition penalty 1.05) is the run's choice here, as for every method."""
 
