@@ -404,6 +404,10 @@ def test_types_evaluate_only_those_questions_and_join_the_run_id(tmp_path):
                               progress=False, llm=reader())
     assert [r.question_id for r in results] == ["q0", "q2", "q4"]
     assert main(["report", str(store.path), "--csv", "", "--breakdown"]) == 0  # re-reads the run's slice
+    from metarag import run
+
+    same = run("standard-rag", data, types=["comparison"], runs_dir=tmp_path / "runs", llm_instance=reader())
+    assert same.path == store.path  # the Python front end names the same run
     whole = prepare(EvalConfig(method="standard-rag", dataset=DatasetSpec(file=str(data)),
                                runs_dir=str(tmp_path / "runs")))[0]
     assert whole.path != store.path  # another slice, another run

@@ -90,7 +90,8 @@ def run(method: str, dataset: str | Path, *, llm: str = "embedded", retriever: s
              corpus: str | Path | None = None, runs_dir: str | Path | None = None, progress: bool = False,
              llm_instance: Any = None, retriever_instance: Any = None, shard: str | None = None,
              samples: int = 1, temperature: float | None = None, top_p: float | None = None,
-             judge_llm: str | None = None, judge_prompt: str = "agentic-rag", judge_llm_instance: Any = None) -> Run:
+             judge_llm: str | None = None, judge_prompt: str = "agentic-rag", judge_llm_instance: Any = None,
+             types: Sequence[str] = (), lora: str | Path | None = None, threads: int | None = None) -> Run:
     """Evaluate `method` on `dataset` (or resume that run) and return the run. (`run`, not
     `evaluate`: `metarag.evaluate` is the package of the harness, metrics and reports.)
 
@@ -106,6 +107,8 @@ def run(method: str, dataset: str | Path, *, llm: str = "embedded", retriever: s
     `samples`: k sampled answers per question (`eval --samples k`; `temperature` / `top_p` default to
     0.6 / 0.95), avg@k and pass@k in the table. `judge_llm`: judge every answer with this model afterwards
     (`eval --judge-llm`; `judge_prompt` names the prompt, `judge_llm_instance` replaces the model).
+    `types`: only questions of these types (`eval --types`). `lora`: a trained adapter on a llama.cpp
+    model (`eval --lora`). `threads`: the local back-end's threads (`eval --threads`).
     The run folder, its id and its resume are `metarag eval`'s."""
     from metarag.evaluate.harness import DatasetSpec, EvalConfig, Samples, evaluate, runs_dir_default
     from metarag.evaluate.runs import Shard
@@ -115,8 +118,10 @@ def run(method: str, dataset: str | Path, *, llm: str = "embedded", retriever: s
     given = Path(str(dataset)).expanduser()
     is_file = given.suffix != "" or given.exists()
     spec = DatasetSpec(preset=None if is_file else str(dataset), file=str(given) if is_file else None,
-                       corpus=str(corpus) if corpus is not None else None, limit=limit, seed=seed)
-    config = EvalConfig(method=method, dataset=spec, llm=parse_llm_spec(llm), retriever=retriever,
+                       corpus=str(corpus) if corpus is not None else None, limit=limit, seed=seed,
+                       types=tuple(types))
+    llm_spec = parse_llm_spec(llm, n_threads=threads, lora=str(lora) if lora is not None else None)
+    config = EvalConfig(method=method, dataset=spec, llm=llm_spec, retriever=retriever,
                         overrides={k: str(v) if not isinstance(v, str) else v for k, v in (settings or {}).items()},
                         runs_dir=str(runs_dir if runs_dir is not None else runs_dir_default()),
                         shard=Shard.parse(shard) if shard is not None else None,
