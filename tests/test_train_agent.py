@@ -199,6 +199,12 @@ def test_training_end_to_end_checkpoint_resume_and_eval(tiny, tmp_path, monkeypa
     assert log[0]["rewards/outcome/mean"] == pytest.approx(sum(r.outcome for r in step1["rewards"]) / 2, abs=1e-6)
     assert log[0]["rewards/penalty/mean"] == pytest.approx(sum(r.penalty for r in step1["rewards"]) / 2, abs=1e-6)
     assert {"rewards/consistency/mean", "searches", "invalid_actions", "failed_rollouts", "kl"} <= set(log[0])
+    # every rollout of the step, with its question, answer, reward and actions (the why of a flat curve)
+    lines = [json.loads(x) for x in (out / "rollouts.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in lines] == [1, 1] and [x["reward"] for x in lines] == pytest.approx(totals)
+    assert [x["question_id"] for x in lines] == [q.id for q in step1["questions"]]
+    assert [x["answer"] for x in lines] == [t.answer for t in step1["traces"]]
+    assert all(x["actions"] and set(x["actions"]) <= {"search", "answer", "invalid"} for x in lines)
     # the checkpoint: TRL's files, the merged model, the manifest
     checkpoint = out / "trainer" / "checkpoint-1"
     manifest = json.loads((checkpoint / MANIFEST).read_text())
@@ -215,6 +221,7 @@ def test_training_end_to_end_checkpoint_resume_and_eval(tiny, tmp_path, monkeypa
                           provenance=provenance, rollouts=rollouts2)
     assert report2.steps == 2 and rollouts2.last["step"] == 1  # only step 2 (global step 1 -> 2) was rolled out
     assert [r["step"] for r in read_log(out)] == [1, 2]
+    assert [json.loads(x)["step"] for x in (out / "rollouts.jsonl").read_text().splitlines()] == [1, 1, 2, 2]
     state = json.loads((out / "trainer" / "checkpoint-2" / "trainer_state.json").read_text())
     assert state["global_step"] == 2 and [h["step"] for h in state["log_history"] if "loss" in h] == [1, 2]
     with pytest.raises(ConfigError, match="another reward"):  # another reward in the same folder: refused

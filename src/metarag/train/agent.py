@@ -56,6 +56,7 @@ MANIFEST = "metarag_manifest.json"
 MERGED = "merged"
 TRAINER_DIR = "trainer"
 LOG_FILE = "log.jsonl"
+ROLLOUT_LOG = "rollouts.jsonl"  # every rollout of every step: its question, answer, reward and actions
 CURVES_FILE = "curves.png"
 # layout of a decision step inside its rollout's sequence (see `rollout_sample`)
 TOKEN_EXACT, TEXT_CONTINUED, FRESH_PROMPT = "token-exact", "text-continued", "fresh-prompt"
@@ -441,6 +442,7 @@ class AgentRollouts:
         self._build = build_method
         self.method = build_method(settings.method, overrides)
         self.last: dict[str, Any] = {}
+        self.rollout_log: Path | None = None  # OUT/rollouts.jsonl when training writes one (train_agent)
 
     def __call__(self, prompts: Sequence[Any], trainer: Any) -> dict[str, list]:
         from trl.models.utils import unwrap_model_for_generation
@@ -486,6 +488,8 @@ class AgentRollouts:
         under = gap_rates([agent_steps(t) for t in traces if t.error is None], self.reward_settings.margin)
         self.last = {"step": step, "traces": traces, "samples": samples, "rewards": rewards, "questions": questions,
                      "verdicts": verdicts, "seeds": seeds}
+        if self.rollout_log is not None:
+            self._log_rollouts(step, traces, questions, rewards, seeds, process)
         out = {"prompt_ids": [list(s.prompt_ids) for s in samples],
                "completion_ids": [list(s.completion_ids) for s in samples],
                "logprobs": [list(s.logprobs) for s in samples],
@@ -499,6 +503,26 @@ class AgentRollouts:
         if any(s.packed for s in samples):
             out[POSITIONS_FIELD] = [list(s.positions) for s in samples]
         return out
+
+    def _log_rollouts(self, step: int, traces: Sequence[Trace], questions: Sequence[Question],
+                      rewards: Sequence[Any], seeds: Sequence[int], process: int) -> None:
+        """One line per rollout in `rollout_log` (another process's in `rollouts.process-N.jsonl`):
+        the step (the log's numbering: the step these rollouts train), the question, the answer and
+        its EM, the reward and its parts, each decision step's action. A step re-run after a resume
+        writes its lines again; a reader keeps a step's last ones."""
+        from metarag.policy.agent_trace import agent_steps
+
+        path = self.rollout_log if process == 0 else self.rollout_log.with_name(f"rollouts.process-{process}.jsonl")
+        with path.open("a") as f:
+            for trace, question, reward, seed in zip(traces, questions, rewards, seeds):
+                f.write(json.dumps({
+                    "step": step + 1, "question_id": question.id, "seed": seed, "answer": trace.answer,
+                    "golds": list(question.answers), "error": trace.error,
+                    "reward": None if reward is None else reward.total,
+                    "outcome": None if reward is None else reward.outcome,
+                    "consistency": None if reward is None else reward.consistency,
+                    "penalty": None if reward is None else reward.penalty,
+                    "actions": [s.action for s in agent_steps(trace)] if trace.error is None else []}) + "\n")
 
     def _autocast(self, model: Any) -> bool:
         """Whether rollouts run under bf16 autocast: in the bf16-autocast precision, as training does."""
@@ -935,6 +959,7 @@ def train_agent(questions: Sequence[Question], retriever: Any, model: Any, token
 
     if settings.attn_implementation and hasattr(model, "set_attn_implementation"):
         model.set_attn_implementation(settings.attn_implementation)  # the rollouts ask for no attention weights
+    rollouts.rollout_log = out / ROLLOUT_LOG
     trainer = step_packed_trainer(trl)(model=model, reward_funcs=funcs, args=config, train_dataset=data,
                                        processing_class=tokenizer, peft_config=peft_config, rollout_func=rollouts,
                                        callbacks=[_Logs(), *callbacks])
