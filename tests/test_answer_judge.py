@@ -43,7 +43,7 @@ def judge_says(verdicts: dict[str, str]):
     def reply(prompt: str) -> str:
         predicted = prompt.split("Predicted answer: ", 1)[1].split("\n", 1)[0]
         return verdicts.get(predicted, "Verdict: No")
-    return ScriptedLLM([("You grade the answer", reply)], name="judge")
+    return ScriptedLLM([("Predicted answer: ", reply)], name="judge")  # either prompt
 
 
 def wrong_reader():
@@ -64,8 +64,9 @@ def test_the_verdict_is_read_by_explicit_rules_and_an_unreadable_reply_is_unjudg
 
 
 def test_the_prompt_holds_the_question_the_golds_and_the_prediction_and_is_a_named_setting():
-    assert AnswerJudge().task == AGENTIC_RAG_TASK
-    assert "{question}" not in AnswerJudge(prompt="equivalence").task
+    assert AnswerJudge(prompt="agentic-rag").task == AGENTIC_RAG_TASK and "{question}" in AGENTIC_RAG_TASK
+    # the default is the prompt the embedded judge can give: gold answers and prediction only
+    assert AnswerJudge().task == AnswerJudge(prompt="equivalence").task and "{question}" not in AnswerJudge().task
     with pytest.raises(ConfigError, match="prompt"):
         AnswerJudge(prompt="lenient")
 
@@ -81,7 +82,7 @@ def test_kappa_and_pass_at_k_by_hand():
 
 # ----------------------------------------------------------------------------- the judge over a run
 def test_the_judge_runs_after_eval_its_verdicts_kept_with_its_prompt_and_not_asked_again(tmp_path):
-    cfg = replace(config(tmp_path), judge_llm="embedded")
+    cfg = replace(config(tmp_path), judge_llm="embedded", answer_judge=AnswerJudge(prompt="agentic-rag"))
     # the judge says Paris is right for France only, and also (wrongly) for Italy
     judge = judge_says({})
     judge.rules[0].responses = [lambda p: "Verdict: Yes" if ("France" in p or "Italy" in p) else "Verdict: No"]
@@ -110,10 +111,10 @@ def test_the_judge_runs_after_eval_its_verdicts_kept_with_its_prompt_and_not_ask
 
 
 def test_a_changed_judge_prompt_or_model_judges_anew_into_a_file_of_its_own(tmp_path):
-    cfg = replace(config(tmp_path), judge_llm="embedded")
+    cfg = replace(config(tmp_path), judge_llm="embedded", answer_judge=AnswerJudge(prompt="agentic-rag"))
     store, _ = evaluate(cfg, progress=False, llm=wrong_reader(), judge_llm=judge_says({"Paris": "Verdict: Yes"}))
     other = ScriptedLLM([("Decide whether the predicted answer means", "Verdict: No")], name="judge")
-    evaluate(replace(cfg, answer_judge=AnswerJudge(prompt="equivalence")), progress=False, llm=wrong_reader(),
+    evaluate(replace(cfg, answer_judge=AnswerJudge()), progress=False, llm=wrong_reader(),  # the default prompt
              judge_llm=other)
     assert len(other.prompts) == 6 and len(judge_files(store.path)) == 2
     renamed = judge_says({"Paris": "Verdict: Yes"})
@@ -267,7 +268,7 @@ def test_report_prints_the_judges_below_the_table(tmp_path, capsys, monkeypatch)
     monkeypatch.chdir(tmp_path)
     assert main(["report", str(store.path)]) == 0
     out = capsys.readouterr().out
-    assert "### LLM-as-judge accuracy" in out and "scripted:judge" in out and "agentic-rag" in out
+    assert "### LLM-as-judge accuracy" in out and "scripted:judge" in out and "equivalence" in out
     assert RunStore(store.path).load_results()  # the results file is untouched by the judge
 
 

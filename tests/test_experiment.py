@@ -147,7 +147,13 @@ def test_every_experiment_file_loads_and_a_judge_goes_to_every_cell(tmp_path):
         assert experiment.reference_row() is not None, file.name
     agentic = load_experiment(EXPERIMENTS / "agentic.toml")
     cell = eval_config(agentic, agentic.rows[0], "hotpotqa-dev500", tmp_path)
-    assert cell.judge_llm == "embedded"
+    assert cell.judge_llm == "embedded" and cell.answer_judge.prompt == "equivalence"
+    asked = experiment_from_dict({"name": "j", "datasets": ["demo"], "judge_llm": "embedded",
+                                  "judge_prompt": "agentic-rag", "rows": [{"method": "cot"}]})
+    assert eval_config(asked, Row("cot"), "demo", tmp_path).answer_judge.prompt == "agentic-rag"
+    with pytest.raises(ConfigError, match="prompt"):
+        eval_config(experiment_from_dict({"name": "j", "datasets": ["demo"], "judge_prompt": "lenient",
+                                          "rows": [{"method": "cot"}]}), Row("cot"), "demo", tmp_path)
     plain = eval_config(load_experiment(EXPERIMENTS / "study.toml"), Row("cot"), "demo", tmp_path)
     assert plain.judge_llm is None and plain.samples.k == 1
     sampled = experiment_from_dict({"name": "s", "datasets": ["demo"], "samples": 4, "rows": [{"method": "cot"}]})

@@ -36,7 +36,7 @@ class Run:
         loaded = load_run(path)
         return cls(loaded.path, loaded.settings, loaded.results, loaded.samples)
 
-    def judge(self, llm: str = "embedded", *, prompt: str = "agentic-rag", workers: int = 1,
+    def judge(self, llm: str = "embedded", *, prompt: str = "equivalence", workers: int = 1,
               llm_instance: Any = None) -> Run:
         """Judge every answer of the run with an LLM (`eval --judge-llm`; a sharded run's too, once its
         shards have finished), keeping the verdicts in the run folder and asking only about answers not
@@ -90,7 +90,7 @@ def run(method: str, dataset: str | Path, *, llm: str = "embedded", retriever: s
              corpus: str | Path | None = None, runs_dir: str | Path | None = None, progress: bool = False,
              llm_instance: Any = None, retriever_instance: Any = None, shard: str | None = None,
              samples: int = 1, temperature: float | None = None, top_p: float | None = None,
-             judge_llm: str | None = None, judge_prompt: str = "agentic-rag", judge_llm_instance: Any = None,
+             judge_llm: str | None = None, judge_prompt: str = "equivalence", judge_llm_instance: Any = None,
              types: Sequence[str] = (), lora: str | Path | None = None, threads: int | None = None) -> Run:
     """Evaluate `method` on `dataset` (or resume that run) and return the run. (`run`, not
     `evaluate`: `metarag.evaluate` is the package of the harness, metrics and reports.)

@@ -504,8 +504,9 @@ def add_eval_args(p: argparse.ArgumentParser) -> None:
                         "with the judge and its prompt), resumed on a re-run; report shows the judged accuracy and "
                         "its agreement with EM and Acc")
     p.add_argument("--judge-prompt", default=None, choices=("agentic-rag", "equivalence"),
-                   help="the judge's prompt: agentic-rag (question, gold answers and prediction, as R1-Searcher "
-                        "and Search-o1 judge; the default) or equivalence (gold answers and prediction only)")
+                   help="the judge's prompt: equivalence (gold answers and prediction: the default, the one the "
+                        "embedded judge can give) or agentic-rag (the question too, as R1-Searcher and Search-o1 "
+                        "judge; for a judge model that can read it)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     add_llm_args(p)
 

@@ -18,6 +18,7 @@ takes comments, so each table says in its own file where its alignment comes fro
     columns = ""                         # the report's columns (as --columns; empty: the default)
     breakdown = true                     # each run's judge / decision breakdown under the table
     judge_llm = "embedded"               # judge every answer with this model (LLM-as-judge accuracy)
+    judge_prompt = "equivalence"         # its prompt (judges.correctness.PROMPTS; absent: the judge's default)
     samples = 4                          # k sampled answers a question (avg@k / pass@k; default 1, greedy)
 
     [per_dataset.nq-1000]                # what one dataset runs with apart from the rest: a corpus
@@ -44,7 +45,7 @@ import tomllib
 from metarag.errors import ConfigError, DataError, MetaRAGError
 
 FIELDS = {"name", "title", "reference", "datasets", "limit", "seed", "llm", "threads", "prefix_chunk", "retriever",
-          "columns", "breakdown", "judge_llm", "samples", "per_dataset", "rows"}
+          "columns", "breakdown", "judge_llm", "judge_prompt", "samples", "per_dataset", "rows"}
 PER_DATASET_FIELDS = {"corpus", "prefix_chunk"}
 ROW_FIELDS = {"method", "settings"}
 
@@ -94,6 +95,7 @@ class Experiment:
     columns: str = ""
     breakdown: bool = True
     judge_llm: str | None = None
+    judge_prompt: str | None = None  # the answer judge's prompt (judges.correctness.PROMPTS; None: its default)
     samples: int = 1
     per_dataset: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     path: Path | None = None
@@ -175,7 +177,7 @@ def experiment_from_dict(raw: Mapping[str, Any], file: Path | None = None) -> Ex
             raise bad(f"per_dataset.{name}: corpus is a file path, prefix_chunk an integer")
     types = {"name": str, "title": str, "reference": str, "limit": int, "seed": int, "llm": str, "threads": int,
              "prefix_chunk": int, "retriever": str, "columns": str, "breakdown": bool, "judge_llm": str,
-             "samples": int}
+             "judge_prompt": str, "samples": int}
     for key, kind in types.items():
         if key in raw and (not isinstance(raw[key], kind) or (kind is int and isinstance(raw[key], bool))):
             raise bad(f"{key} must be a {kind.__name__}, got {raw[key]!r}")
@@ -184,7 +186,7 @@ def experiment_from_dict(raw: Mapping[str, Any], file: Path | None = None) -> Ex
         title=raw.get("title", ""), limit=raw.get("limit") or None, seed=raw.get("seed", 0),
         llm=raw.get("llm", "embedded"), threads=raw.get("threads"), prefix_chunk=raw.get("prefix_chunk", 0),
         retriever=raw.get("retriever", "bm25"), columns=raw.get("columns", ""), breakdown=raw.get("breakdown", True),
-        judge_llm=raw.get("judge_llm"), samples=raw.get("samples", 1),
+        judge_llm=raw.get("judge_llm"), judge_prompt=raw.get("judge_prompt"), samples=raw.get("samples", 1),
         per_dataset={k: dict(v) for k, v in per_dataset.items()}, path=file)
     if experiment.reference is not None and experiment.reference_row() is None:
         raise bad(f"reference {experiment.reference!r} is none of the rows")
@@ -203,6 +205,7 @@ def eval_config(experiment: Experiment, row: Row, dataset: str, runs_dir: str | 
     """The `EvalConfig` of one cell: what `metarag eval --method M --dataset D --limit L --seed S
     --threads T --runs-dir R [--corpus C] --set k=v ...` builds, hence the same run id and folder."""
     from metarag.evaluate.harness import DatasetSpec, EvalConfig, Samples
+    from metarag.judges.correctness import AnswerJudge
     from metarag.llm.registry import parse_llm_spec
     from metarag.methods.registry import method_classes
 
@@ -217,7 +220,9 @@ def eval_config(experiment: Experiment, row: Row, dataset: str, runs_dir: str | 
                                          response_cache=response_cache,
                                          prefix_chunk=options.get("prefix_chunk", experiment.prefix_chunk)),
                       retriever=experiment.retriever, overrides=dict(row.settings), runs_dir=str(runs_dir),
-                      judge_llm=experiment.judge_llm, samples=Samples(k=experiment.samples))
+                      judge_llm=experiment.judge_llm, samples=Samples(k=experiment.samples),
+                      **({"answer_judge": AnswerJudge(prompt=experiment.judge_prompt)}
+                         if experiment.judge_prompt else {}))
 
 
 def run_experiment(experiment: Experiment, runs_dir: str | Path, *, rows: Sequence[str] = (),
