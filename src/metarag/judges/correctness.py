@@ -61,9 +61,9 @@ class AnswerJudge:
     """The answer-correctness judge. `prompt`: a name in PROMPTS. Default "equivalence" (gold answers
     and prediction: is it the same answer?), because it is the one the default judge, the embedded
     1.5B, can give: asked with the question too ("agentic-rag", the criterion R1-Searcher and Search-o1
-    judge by, with their large judges), the 1.5B calls 97-100 % of the answers it is shown right,
-    wrong ones included (Cohen's kappa with EM 0.00-0.04 over the agentic table's 7 HotpotQA runs,
-    docs/results.md); with "equivalence" its verdicts follow the answers (kappa 0.66 on Standard RAG's).
+    judge by, with their large judges), the 1.5B calls 83-100 % of a run's answers right, wrong ones
+    included (Cohen's kappa with EM 0.00-0.04 over the agentic table's 14 runs, docs/results.md); with
+    "equivalence" its verdicts follow the answers (kappa 0.33-1.00, agreement with EM 80-100 %).
     Name "agentic-rag" with a judge that can read the question (`--judge-llm openai:MODEL@URL
     --judge-prompt agentic-rag`). The verdict is read from the reply's first `Verdict:` label,
     else from its first word (Yes / No, True / False, Correct / Incorrect); a reply that gives neither
