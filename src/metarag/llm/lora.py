@@ -55,18 +55,18 @@ def adapter_folder(path: str | os.PathLike[str]) -> Path:
 
 def adapter_sha256(path: str | os.PathLike[str]) -> str:
     """sha256 of what an adapter applies: a GGUF adapter file's bytes, or a PEFT folder's config and
-    weights (its other files — optimizer state, tokenizer — change nothing it computes)."""
+    weights (its other files — optimizer state, tokenizer — change nothing it computes). Each file is
+    read once per process for a given size and mtime (`settings.content_sha256`), however often the
+    run id, the conversion cache and the model's identity ask."""
+    from metarag.settings import content_sha256
+
     path = Path(path).expanduser()
-    digest = hashlib.sha256()
     if path.is_file():
-        files = [path]
-    else:
-        folder = adapter_folder(path)
-        files = [folder / ADAPTER_CONFIG, folder / ADAPTER_WEIGHTS]
-    for file in files:
-        with open(file, "rb") as f:
-            while chunk := f.read(8 << 20):
-                digest.update(chunk)
+        return content_sha256(path)
+    folder = adapter_folder(path)
+    digest = hashlib.sha256()
+    for name in (ADAPTER_CONFIG, ADAPTER_WEIGHTS):
+        digest.update(f"{name}:{content_sha256(folder / name)}\n".encode())
     return digest.hexdigest()
 
 
