@@ -331,6 +331,15 @@ def test_settings_are_the_papers():
         AgentTrainSettings(group_size=1)
 
 
+def test_packed_passes_split_on_one_cpu_process_only():
+    auto = AgentTrainSettings()
+    assert [auto.resolved_packed_passes(gpu, n) for gpu, n in [(False, 1), (True, 1), (False, 2)]] == \
+        ["split", "mask", "mask"]
+    assert AgentTrainSettings(packed_passes="mask").resolved_packed_passes(False) == "mask"
+    with pytest.raises(ConfigError, match="DDP across 2 processes"):
+        AgentTrainSettings(packed_passes="split").resolved_packed_passes(False, 2)
+
+
 def test_import_stays_light():
     code = ("import sys, metarag, metarag.train.agent, metarag.cli; "
             "bad = [m for m in ('torch', 'trl', 'peft', 'transformers', 'datasets') if m in sys.modules]; "
@@ -352,7 +361,8 @@ class _SpreadRewards(AgentRollouts):
 
 
 @needs_trl
-def test_each_belief_agent_step_is_trained_on_the_context_it_was_sampled_from(tiny, tmp_path, monkeypatch):
+@pytest.mark.parametrize("passes", ["mask", "split"])
+def test_each_belief_agent_step_is_trained_on_the_context_it_was_sampled_from(tiny, tmp_path, monkeypatch, passes):
     import copy
 
     import torch
@@ -361,6 +371,7 @@ def test_each_belief_agent_step_is_trained_on_the_context_it_was_sampled_from(ti
 
     base, tokenizer = tiny
     records = []  # (ids, mask, logits_to_keep, per-token log-probs) of every loss pass
+    head_rows, projected = [], []  # positions per call of TRL's fused LM head; their sum per loss pass
     real = agent.step_packed_trainer
 
     def spying(trl):
@@ -373,18 +384,33 @@ def test_each_belief_agent_step_is_trained_on_the_context_it_was_sampled_from(ti
                     self._in_loss = False
 
             def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, **kw):
+                before = len(head_rows)
                 out = super()._get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep,
                                                                   **kw)
                 if getattr(self, "_in_loss", False):
                     records.append((input_ids.clone(), attention_mask.clone(), logits_to_keep, out[0].detach()))
+                    projected.append(sum(head_rows[before:]))
                 return out
         return Spy
 
     monkeypatch.setattr(agent, "step_packed_trainer", spying)
-    settings = AgentTrainSettings(method="belief-agent", reward="belief", **{**TINY, "group_size": 3})
+    from trl.trainer import utils as trl_utils
+
+    fused = trl_utils._ChunkedLogProbFunction
+
+    class CountingHead(fused):
+        @staticmethod
+        def forward(ctx, hidden, *args):
+            head_rows.append(hidden.size(0))
+            return fused.forward(ctx, hidden, *args)
+
+    monkeypatch.setattr(trl_utils, "_ChunkedLogProbFunction", CountingHead)
+    settings = AgentTrainSettings(method="belief-agent", reward="belief", packed_passes=passes,
+                                  **{**TINY, "group_size": 3})
     rollouts = _SpreadRewards(QUESTIONS, MemoryRetriever(PASSAGES), settings)
     agent.train_agent(QUESTIONS, MemoryRetriever(PASSAGES), copy.deepcopy(base), tokenizer, tmp_path, settings,
                       rollouts=rollouts)
+    assert rollouts.trainer.packed_passes == passes
     samples, traces = rollouts.last["samples"], rollouts.last["traces"]
     assert any(s.packed for s in samples)  # the tiny model's first step is invalid: a second, rebuilt prompt
     rows = [(ids[mask.bool()].tolist(), ids, mask, keep, logps) for ids, masks, keep, logps_ in records
@@ -415,6 +441,8 @@ def test_each_belief_agent_step_is_trained_on_the_context_it_was_sampled_from(ti
         assert skipped == [0.0] * len(skipped)
     assert checked == sum(sum(s.env_mask) for s in samples)
     assert differs > 0  # the whole sequence as context would have given other log-probs: the test can fail
+    # ... and the head projected the counted tokens only (on the CPU TRL itself would project every position)
+    assert sum(projected) == sum(sum(s.env_mask) for s in samples)
 
 
 @needs_trl

@@ -31,6 +31,7 @@ searches, invalid actions, the pooled under- and over-search rates and where the
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -90,7 +91,14 @@ class AgentTrainSettings:
     sequence runs to thousands of tokens, and eager attention keeps an n × n matrix per head and layer
     for the backward pass (a 0.5B step on a 2,000-token belief-agent rollout ran out of 23 GB).
     `train_batch_size` rollouts go through one forward / backward pass (TRL's
-    `per_device_train_batch_size`; 1: one at a time, the least memory). `keep_checkpoints`: only the
+    `per_device_train_batch_size`; 1: one at a time, the least memory). `packed_passes`: how a packed
+    row (belief-agent's rebuilt step prompts, see `rollout_sample`) goes through the model: "mask",
+    the row in one pass under a block-causal 4D mask (`packed_inputs`; rows batch together, which a GPU
+    wants); "split", each segment a pass of its own under the plain causal mask — the same log-probs,
+    but SDPA's fused causal kernel instead of its math path (which a 4D mask forces on the CPU:
+    every L × L attention matrix of the whole row, across segments too, kept for the backward pass);
+    "auto": split in one CPU process, mask on a GPU or across processes (DDP takes one forward per
+    backward). `keep_checkpoints`: only the
     newest 3 checkpoints are kept (TRL's `save_total_limit`; each holds a merged full model, 6 GB for
     a 1.5B in float32); 0 keeps every one.
     search-r1 takes `max_turns` as Search-R1's trainer does (`max_turns` search turns, then one final
@@ -124,6 +132,7 @@ class AgentTrainSettings:
     gradient_checkpointing: bool = True
     attn_implementation: str = "sdpa"
     train_batch_size: int = setting(1, ge=1)
+    packed_passes: Literal["auto", "mask", "split"] = "auto"
     save_every: int = setting(5, ge=1)
     keep_checkpoints: int = setting(3, ge=0)
     time_budget_s: float = setting(0.0, ge=0)
@@ -154,6 +163,16 @@ class AgentTrainSettings:
         probe = {"probe": True} if self.method in _PROBED else {}
         think = {"think_prefix": True} if self.think_prefix else {}
         return {"T": turns, "k": self.top_k, "step_max_tokens": self.step_max_tokens, **probe, **think}
+
+    def resolved_packed_passes(self, on_gpu: bool, processes: int = 1) -> str:
+        """What "auto" means here: one masked pass a batch on a GPU or across processes, a pass a segment
+        on one CPU process. Across processes DDP takes one forward per backward, so "split" is refused."""
+        if self.packed_passes == "split" and processes > 1:
+            raise ConfigError(f"packed_passes 'split' runs a forward per segment, which DDP across {processes} "
+                              "processes does not take (one forward per backward); use 'mask' or 'auto'")
+        if self.packed_passes != "auto":
+            return self.packed_passes
+        return "mask" if on_gpu or processes > 1 else "split"
 
     def resolved_precision(self, on_gpu: bool) -> str:
         """The precision "auto" means on this machine: bf16 autocast over float32 weights on a GPU."""
@@ -652,6 +671,28 @@ def packed_inputs(attention_mask: Any, completion_positions: Any, logits_to_keep
     return positions, mask
 
 
+@contextlib.contextmanager
+def scored_positions_only(device: Any):
+    """TRL's fused LM head (`add_fused_lm_head`) projects only the positions that carry a label on a
+    Triton device (CUDA, XPU), and every position elsewhere, so that an accelerator compiling fixed
+    tile shapes (Neuron) does not recompile per batch. On the CPU nothing compiles, and the head is
+    float32 over the 151,936-token vocabulary: a packed row's prompts (every step's, three quarters of
+    its tokens) cost as much in the head as the tokens the loss counts. Inside this context, on the
+    CPU, the head takes the labelled positions only: the same log-probs and gradient (zeros elsewhere,
+    as before), less work. A TRL without the switch is left as it is."""
+    from trl.trainer import utils
+
+    original = getattr(utils, "_use_triton", None)
+    if original is None or getattr(device, "type", None) != "cpu":
+        yield
+        return
+    utils._use_triton = lambda where: where.type == "cpu" or original(where)
+    try:
+        yield
+    finally:
+        utils._use_triton = original
+
+
 def step_packed_trainer(trl: Any) -> type:
     """TRL's `GRPOTrainer` that trains each decision step on the context it was sampled from: the
     rollouts' position ids (`POSITIONS_FIELD`) travel with the batch (`completion_positions`, shuffled
@@ -688,6 +729,7 @@ def step_packed_trainer(trl: Any) -> type:
 
         _scoring_positions = None
         _in_loss = False
+        packed_passes = "mask"  # or "split" (AgentTrainSettings.packed_passes, resolved by train_agent)
         # seconds of the current optimizer step, logged as time/* metrics when it ends: the rollout
         # function, the log-prob passes outside the loss (the reference model's), and the policy's
         # forward and backward (everything else in the step's training_step calls)
@@ -762,33 +804,42 @@ def step_packed_trainer(trl: Any) -> type:
         def _logps(self, model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy,
                    compute_aux_loss, **multimodal):
             positions = self._scoring_positions
-            if positions is None or positions.size(0) != input_ids.size(0):
+            packed = positions is not None and positions.size(0) == input_ids.size(0)
+            if any(v is not None for v in multimodal.values()):
+                if packed:
+                    raise ConfigError("packed step training takes text models only")
                 return super()._get_per_token_logps_and_entropies(
                     model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size,
                     compute_entropy=compute_entropy, compute_aux_loss=compute_aux_loss, **multimodal)
-            if any(v is not None for v in multimodal.values()):
-                raise ConfigError("packed step training takes text models only")
             attn = str(getattr(self.accelerator.unwrap_model(model).config, "_attn_implementation", "eager"))
-            if "flash" in attn:
+            if packed and "flash" in attn:
                 raise ConfigError(f"packed step training needs attn_implementation sdpa or eager, not {attn}")
             batch_size = batch_size or input_ids.size(0)
             logps, entropies, aux = [], [], []
             for start in range(0, input_ids.size(0), batch_size):
                 end = min(start + batch_size, input_ids.size(0))
                 ids, pad = input_ids[start:end], attention_mask[start:end]
-                position_ids, mask = packed_inputs(pad, positions[start:end], logits_to_keep,
-                                                   boolean=attn == "sdpa")
+                position_ids, mask = (packed_inputs(pad, positions[start:end], logits_to_keep, boolean=attn == "sdpa")
+                                      if packed else (None, pad))  # unpacked: TRL's own inputs
                 labels = ids.masked_fill(pad == 0, -100)
                 labels[:, :-logits_to_keep] = -100
                 loss_mask = self._loss_mask if self._in_loss else None
                 if loss_mask is not None and loss_mask.shape == (input_ids.size(0), logits_to_keep):
-                    # A packed row's later segments begin with their own prompts, which the loss masks out:
-                    # the fused LM head (float32, the vocabulary wide) then skips them, as it skips a prompt
-                    # (their log-probs read 0 and are multiplied by 0). The loss and its gradient are unchanged.
+                    # What the loss leaves out (a packed row's later prompts, an injected <information>
+                    # block) gets no label: the fused LM head (float32, the vocabulary wide) skips it, as it
+                    # skips a prompt (`scored_positions_only`; its log-prob reads 0 and is multiplied by 0).
+                    # The loss and its gradient are unchanged.
                     labels[:, -logits_to_keep:] = labels[:, -logits_to_keep:].masked_fill(
                         loss_mask[start:end] == 0, -100)
                 extra = {"output_router_logits": True} if compute_aux_loss else {}
-                with self.accelerator.autocast():
+                if packed and self.packed_passes == "split" and not compute_aux_loss:
+                    row_logps, row_entropies = self._segment_passes(model, ids, pad, position_ids, labels,
+                                                                    compute_entropy)
+                    logps.append(row_logps[:, -logits_to_keep:])
+                    if compute_entropy:
+                        entropies.append(row_entropies[:, -logits_to_keep:])
+                    continue
+                with self.accelerator.autocast(), scored_positions_only(ids.device):
                     out = model(input_ids=ids, attention_mask=mask, position_ids=position_ids, labels=labels,
                                 fused_lm_head=True, **extra)
                 logps.append(out.log_probs[:, -logits_to_keep:])
@@ -798,6 +849,33 @@ def step_packed_trainer(trl: Any) -> type:
                     aux.append(out.aux_loss)
             return (torch.cat(logps, dim=0), torch.cat(entropies, dim=0) if compute_entropy else None,
                     torch.stack(aux).mean() if compute_aux_loss else None)
+
+        def _segment_passes(self, model, ids, pad, position_ids, labels, compute_entropy):
+            """Per-token log-probs (and entropies) of packed rows, one forward per segment (a run of
+            positions counting up from 0) under the plain causal mask: what the block-causal mask of
+            `packed_inputs` computes, without the attention across segments that the mask throws away.
+            A segment's first token has no context of its own: it reads 0 (it is a prompt token the
+            loss leaves out). Padding reads 0."""
+            logps = torch.zeros(ids.shape, dtype=torch.float32, device=ids.device)
+            entropies = torch.zeros(ids.shape, dtype=torch.float32, device=ids.device) if compute_entropy else None
+            for row in range(ids.size(0)):
+                where = pad[row].nonzero().flatten()
+                if where.numel() == 0:
+                    continue
+                starts = (position_ids[row, where] == 0).nonzero().flatten().tolist()
+                bounds = sorted({0, *starts}) + [where.numel()]
+                for a, b in zip(bounds, bounds[1:]):
+                    span = where[a:b]
+                    if not bool((labels[row, span[1:]] != -100).any()):
+                        continue  # nothing scored in this segment
+                    with self.accelerator.autocast(), scored_positions_only(ids.device):
+                        out = model(input_ids=ids[row, span][None], position_ids=position_ids[row, span][None],
+                                    labels=labels[row, span][None], fused_lm_head=True)
+                    scored = (torch.full_like(span[1:], row), span[1:])  # the head's outputs are shifted by one
+                    logps = logps.index_put(scored, out.log_probs[0].float())
+                    if compute_entropy:
+                        entropies = entropies.index_put(scored, out.entropy[0].float())
+            return logps, entropies
 
     return StepPackedGRPOTrainer
 
@@ -867,6 +945,7 @@ def train_agent(questions: Sequence[Question], retriever: Any, model: Any, token
     on_gpu = torch.cuda.is_available()
     state = PartialState(cpu=not on_gpu)  # the launcher's processes (gloo on the CPU), as the trainer sees them
     main, processes = state.is_main_process, state.num_processes
+    packed_passes = settings.resolved_packed_passes(on_gpu, processes)
     reward_settings = reward_settings if reward_settings is not None else RewardSettings()
     out = Path(out_dir).expanduser()
     out.mkdir(parents=True, exist_ok=True)
@@ -963,6 +1042,7 @@ def train_agent(questions: Sequence[Question], retriever: Any, model: Any, token
     trainer = step_packed_trainer(trl)(model=model, reward_funcs=funcs, args=config, train_dataset=data,
                                        processing_class=tokenizer, peft_config=peft_config, rollout_func=rollouts,
                                        callbacks=[_Logs(), *callbacks])
+    trainer.packed_passes = packed_passes
     last = _last_checkpoint(out)
     trainer.train(resume_from_checkpoint=str(last) if last is not None else None)
     final = _last_checkpoint(out)
