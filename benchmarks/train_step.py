@@ -11,6 +11,9 @@ matmul support the CPU has and times one float32 and one bf16-autocast matmul of
 
     .venv/bin/python benchmarks/train_step.py [--model hf-0.5b] [--recipes paper,cpu]
         [--dataset hotpotqa-train100] [--questions 1] [--threads 1]
+
+A recipe may carry settings of its own after a colon, `name:key=value[;key=value]`
+(e.g. `cpu:packed_passes=mask`, the cpu step with the packed rows' one-pass mask), to time one change.
 """
 from __future__ import annotations
 
@@ -57,7 +60,8 @@ def main() -> None:
     from metarag.llm.hf import HFLLM
     from metarag.llm.registry import backend_settings, parse_llm_spec
     from metarag.pipeline import open_retriever
-    from metarag.train.agent import read_log, recipe_settings, train_agent, trainable
+    from metarag.settings import parse_assignments
+    from metarag.train.agent import read_log, train_agent, trainable, training_settings
 
     torch.set_num_threads(args.threads)
     fp32, bf16 = matmul_seconds(torch, False), matmul_seconds(torch, True)
@@ -70,10 +74,14 @@ def main() -> None:
     model = trainable(base.model)
     rows = []
     for name in args.recipes.split(","):
-        settings = recipe_settings(name, steps=1, questions_per_step=len(questions), save_every=100)
+        recipe, _, extra = name.partition(":")
+        values = {**parse_assignments([item for item in extra.split(";") if item]),
+                  "steps": 1, "questions_per_step": len(questions), "save_every": 100}
+        settings, reward_settings, _ = training_settings(recipe, values)
         with tempfile.TemporaryDirectory() as out:
             start = time.perf_counter()
-            train_agent(questions, retriever, copy.deepcopy(model), base.tokenizer, out, settings)
+            train_agent(questions, retriever, copy.deepcopy(model), base.tokenizer, out, settings,
+                        reward_settings=reward_settings)
             wall = time.perf_counter() - start
             (record,) = read_log(out)
         parts = {k: record.get(f"time/{k}", 0.0) for k in ("generation", "probe", "other", "rollouts",

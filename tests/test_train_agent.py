@@ -347,6 +347,37 @@ def test_import_stays_light():
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
 
 
+@needs_trl
+def test_frozen_linears_cast_once_give_the_same_logits_and_come_back(tiny):
+    import copy
+
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    from metarag.train.agent import frozen_linears_as
+
+    base, _ = tiny
+    model = get_peft_model(copy.deepcopy(base), LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
+    for name, param in model.named_parameters():  # adapters that moved: the LoRA path counts in the logits
+        if "lora_B" in name:
+            torch.nn.init.normal_(param, std=0.05)
+    inner = model.get_base_model()
+    tied = inner.lm_head.weight is inner.model.embed_tokens.weight
+    before = {id(p): p for p in model.parameters()}
+    ids = torch.tensor([[5, 9, 14, 3, 7, 11]])
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        expected = model(input_ids=ids).logits.float()
+        with frozen_linears_as(model, "bfloat16") as swapped:
+            assert swapped > 0
+            assert inner.lm_head.weight.dtype == torch.bfloat16  # the head's own copy ...
+            assert inner.model.embed_tokens.weight.dtype == torch.float32  # ... not the embedding's
+            assert all(p.dtype == torch.float32 for n, p in model.named_parameters() if "lora_" in n)  # trained: kept
+            got = model(input_ids=ids).logits.float()
+    assert torch.equal(got, expected)
+    assert {id(p): p for p in model.parameters()} == before and all(p.dtype == torch.float32 for p in before.values())
+    assert tied == (inner.lm_head.weight is inner.model.embed_tokens.weight)
+
+
 # ------------------------------------------------------------------ the GPU path, on a tiny model
 class _SpreadRewards(AgentRollouts):
     """Rollouts whose rewards are 0, 1, 2 ... in order: every group has a gradient."""
@@ -564,8 +595,9 @@ def test_two_steps_of_the_cpu_recipe_on_a_tiny_model_log_where_the_time_went(tin
     for record in log:
         assert record["time/rollouts"] > 0 and record["time/policy"] > 0 and record["time/generation"] > 0
         assert record["time/probe"] > 0 and record["time/reference"] == 0.0  # KL 0: no reference pass
-    # the rollouts ran under bf16 autocast, as the training passes do
+    # the rollouts ran under bf16 autocast, as the training passes do, the frozen weights cast once a step
     assert all(g.logprobs for t in rollouts.last["traces"] for g in step_generations(t))
+    assert rollouts.last["cast_once"] > 0
     # with think_prefix every unforced step's prompt ends inside <think>: prompt, trained on nowhere
     openings = [g.prompt[-1].content for t in rollouts.last["traces"] for g in step_generations(t)
                 if g.prompt[-1].role == "assistant" and g.prompt[-1].content != "<answer>"]

@@ -417,6 +417,37 @@ def training_prompts(questions: Sequence[Question]) -> list[str]:
 
 
 # ------------------------------------------------------------------------------------ rollouts
+@contextlib.contextmanager
+def frozen_linears_as(model: Any, dtype: str):
+    """Inside, every linear layer's frozen float32 weight and bias (LoRA's base layers, the LM head)
+    are `dtype` copies, made once; on leaving, the originals are back. Under autocast to that dtype a
+    linear layer computes from a cast of its weight, and autocast keeps the cast only for a weight
+    that trains: a frozen one is cast again at every forward, i.e. at every generated token, which
+    made the cast (the whole model's weights read and written) most of a CPU rollout's decode time.
+    The same casts made once give the same logits, bit for bit (the cast is deterministic): the
+    0.5B decoded a token 2.5x faster (benchmarks/train_step.py's rollout generation). A tied LM head
+    gets a copy of its own; the embedding it is tied to stays as it was. Yields how many tensors were
+    swapped."""
+    import torch
+
+    target = getattr(torch, dtype)
+    swapped = []
+    try:
+        for module in model.modules():
+            if not isinstance(module, torch.nn.Linear):
+                continue
+            for name in ("weight", "bias"):
+                tensor = getattr(module, name, None)
+                if isinstance(tensor, torch.nn.Parameter) and not tensor.requires_grad \
+                        and tensor.dtype == torch.float32:
+                    swapped.append((module, name, tensor))
+                    setattr(module, name, torch.nn.Parameter(tensor.detach().to(target), requires_grad=False))
+        yield len(swapped)
+    finally:
+        for module, name, tensor in reversed(swapped):
+            setattr(module, name, tensor)
+
+
 class _PerRollout:
     """The agent with its own settings per rollout (belief-agent's random candidate is seeded from
     the rollout seed, so the G rollouts of a question draw different candidates): `policy` dispatches
@@ -497,16 +528,19 @@ class AgentRollouts:
                 id(r): self._build(self.settings.method, {**self.settings.method_overrides(), "candidate_seed": s})
                 for r, s in zip(rollouts, seeds)})
         runtime = Runtime(llm=llm, retriever=self.retriever, sampling=Sampling(temperature=self.settings.temperature))
-        traces = run_many(method, rollouts, runtime, seeds=seeds)
-        failed = [t for t in traces if t.error is not None]
-        if len(failed) == len(traces):  # nothing to learn from: the cause is the run's, not the policy's
-            raise BackendError(f"every rollout of training step {step} failed; the first: {failed[0].error}")
+        cast = frozen_linears_as(model, "bfloat16") if isinstance(llm, HFLLM) and llm.settings.autocast \
+            and llm.device.type == "cpu" else contextlib.nullcontext()
+        with cast as swapped:
+            traces = run_many(method, rollouts, runtime, seeds=seeds)
+            failed = [t for t in traces if t.error is not None]
+            if len(failed) == len(traces):  # nothing to learn from: the cause is the run's, not the policy's
+                raise BackendError(f"every rollout of training step {step} failed; the first: {failed[0].error}")
+            verdicts = self._step_verdicts(traces, questions, llm)
         samples = [rollout_sample(t, llm) for t in traces]
-        verdicts = self._step_verdicts(traces, questions, llm)
         rewards = [self._reward(t, q, v) for t, q, v in zip(traces, questions, verdicts)]
         under = gap_rates([agent_steps(t) for t in traces if t.error is None], self.reward_settings.margin)
         self.last = {"step": step, "traces": traces, "samples": samples, "rewards": rewards, "questions": questions,
-                     "verdicts": verdicts, "seeds": seeds}
+                     "verdicts": verdicts, "seeds": seeds, "cast_once": swapped or 0}
         if self.rollout_log is not None:
             self._log_rollouts(step, traces, questions, rewards, seeds, process)
         out = {"prompt_ids": [list(s.prompt_ids) for s in samples],
