@@ -4,6 +4,7 @@ differ by seed), TRL's GRPO run end to end on a tiny Qwen2 built from a config (
 trainer unchanged, every component logged, a checkpoint with its manifest, resume after an
 interruption), the checkpoint evaluated with `eval --llm hf:CHECKPOINT`, the refusal of evaluation
 splits, and the curves."""
+import contextlib
 import importlib.util
 import json
 import math
@@ -374,6 +375,14 @@ def test_frozen_linears_cast_once_give_the_same_logits_and_come_back(tiny):
             assert all(p.dtype == torch.float32 for n, p in model.named_parameters() if "lora_" in n)  # trained: kept
             got = model(input_ids=ids).logits.float()
     assert torch.equal(got, expected)
+    grads = []  # ... and the same gradient for the adapters
+    for cast in (False, True):
+        model.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16), \
+                (frozen_linears_as(model, "bfloat16") if cast else contextlib.nullcontext()):
+            model(input_ids=ids).logits.float().logsumexp(-1).sum().backward()
+        grads.append([p.grad.clone() for n, p in model.named_parameters() if "lora_" in n])
+    assert all(torch.equal(a, b) for a, b in zip(*grads)) and any(g.abs().sum() > 0 for g in grads[0])
     assert {id(p): p for p in model.parameters()} == before and all(p.dtype == torch.float32 for p in before.values())
     assert tied == (inner.lm_head.weight is inner.model.embed_tokens.weight)
 
@@ -597,6 +606,8 @@ def test_two_steps_of_the_cpu_recipe_on_a_tiny_model_log_where_the_time_went(tin
         assert record["time/probe"] > 0 and record["time/reference"] == 0.0  # KL 0: no reference pass
     # the rollouts ran under bf16 autocast, as the training passes do, the frozen weights cast once a step
     assert all(g.logprobs for t in rollouts.last["traces"] for g in step_generations(t))
+    assert rollouts.trainer.cast_frozen  # inside training_step (rollouts included) the frozen weights are bf16 casts
+    rollouts.run([QUESTIONS[0].text] * 2, rollouts.trainer.model, tokenizer, step=2)  # outside: cast for the rollouts
     assert rollouts.last["cast_once"] > 0
     # with think_prefix every unforced step's prompt ends inside <think>: prompt, trained on nowhere
     openings = [g.prompt[-1].content for t in rollouts.last["traces"] for g in step_generations(t)

@@ -425,7 +425,9 @@ def frozen_linears_as(model: Any, dtype: str):
     that trains: a frozen one is cast again at every forward, i.e. at every generated token, which
     made the cast (the whole model's weights read and written) most of a CPU rollout's decode time.
     The same casts made once give the same logits, bit for bit (the cast is deterministic): the
-    0.5B decoded a token 2.5x faster (benchmarks/train_step.py's rollout generation). A tied LM head
+    0.5B decoded a token 2.5x faster. The rollouts run inside it, and so does each training_step of
+    `StepPackedGRPOTrainer` (`cast_frozen`: one CPU process): the backward reads the same casts autocast
+    would have saved, so the gradient is the same too. A tied LM head
     gets a copy of its own; the embedding it is tied to stays as it was. Yields how many tensors were
     swapped."""
     import torch
@@ -764,6 +766,7 @@ def step_packed_trainer(trl: Any) -> type:
         _scoring_positions = None
         _in_loss = False
         packed_passes = "mask"  # or "split" (AgentTrainSettings.packed_passes, resolved by train_agent)
+        cast_frozen = False  # bf16 copies of the frozen weights for each training_step (`frozen_linears_as`)
         # seconds of the current optimizer step, logged as time/* metrics when it ends: the rollout
         # function, the log-prob passes outside the loss (the reference model's), and the policy's
         # forward and backward (everything else in the step's training_step calls)
@@ -774,7 +777,10 @@ def step_packed_trainer(trl: Any) -> type:
         def training_step(self, model, inputs, num_items_in_batch):
             self._scoring = 0.0
             start = time.perf_counter()
-            out = super().training_step(model, inputs, num_items_in_batch)
+            cast = frozen_linears_as(self.accelerator.unwrap_model(model), "bfloat16") if self.cast_frozen \
+                else contextlib.nullcontext()
+            with cast:  # the forward, the backward and any recomputation: the frozen weights cast once
+                out = super().training_step(model, inputs, num_items_in_batch)
             self._seconds = {**self._seconds,
                              "policy": self._seconds["policy"] + time.perf_counter() - start - self._scoring}
             if self._step % self.current_gradient_accumulation_steps == 0:  # TRL counted this micro-step
@@ -1077,6 +1083,9 @@ def train_agent(questions: Sequence[Question], retriever: Any, model: Any, token
                                        processing_class=tokenizer, peft_config=peft_config, rollout_func=rollouts,
                                        callbacks=[_Logs(), *callbacks])
     trainer.packed_passes = packed_passes
+    # under bf16 autocast in one CPU process, a row's passes use bf16 copies of the frozen weights made
+    # once (autocast would cast them at every forward, and again when checkpointing recomputes one)
+    trainer.cast_frozen = bool(autocast) and not on_gpu and processes == 1
     last = _last_checkpoint(out)
     trainer.train(resume_from_checkpoint=str(last) if last is not None else None)
     final = _last_checkpoint(out)
