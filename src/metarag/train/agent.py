@@ -201,10 +201,10 @@ RECIPES: dict[str, dict[str, Any]] = {
         # pass was a forward over every row (cost: nothing holds the policy near the base but LoRA's
         # small rank and the learning rate).
         "kl_coef": 0.0,
-        # no gradient checkpointing (recomputation costs a forward), and so one row at a time: a
-        # belief-agent row is packed (a 4D block mask), which sends attention down SDPA's math path on
-        # the CPU, keeping every L x L attention matrix for the backward pass (~3 GB for a 1,500-token
-        # row of the 0.5B); five rows at once took 14.6 GB and were killed beside another job.
+        # no gradient checkpointing (recomputation costs a forward), and so one row at a time: every
+        # row's activations are kept for the backward pass (packed rows pass a segment at a time,
+        # `packed_passes` "auto"; under the one-pass 4D mask SDPA's math path also kept every L x L
+        # attention matrix, and five rows of the 0.5B at once took 14.6 GB).
         "train_batch_size": 1,
         "gradient_checkpointing": False,
         # bf16 autocast over float32 weights for rollouts and training: this CPU's AVX512-BF16
