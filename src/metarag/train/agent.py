@@ -425,9 +425,9 @@ def frozen_linears_as(model: Any, dtype: str):
     that trains: a frozen one is cast again at every forward, i.e. at every generated token, which
     made the cast (the whole model's weights read and written) most of a CPU rollout's decode time.
     The same casts made once give the same logits, bit for bit (the cast is deterministic): the
-    0.5B decoded a token 2.4x faster (benchmarks/frozen_cast.py). The rollouts run inside it, and so does each training_step of
-    `StepPackedGRPOTrainer` (`cast_frozen`: one CPU process): the backward reads the same casts autocast
-    would have saved, so the gradient is the same too. A tied LM head gets a copy of its own; the
+    0.5B decoded a token 2.4x faster (benchmarks/frozen_cast.py). The rollouts run inside it, and so
+    does each training_step of `StepPackedGRPOTrainer` (`cast_frozen`: one CPU process): the backward
+    reads the same casts autocast would have saved, so the gradient is the same too. A tied LM head gets a copy of its own; the
     embedding it is tied to stays as it was. Yields how many tensors were swapped."""
     import torch
 
@@ -676,13 +676,15 @@ def reward_columns() -> tuple[list[Callable[..., list]], list[float]]:
 POSITIONS_FIELD = "rollout_positions"  # the rollout_func's column of completion position ids
 
 
-def packed_inputs(attention_mask: Any, completion_positions: Any, logits_to_keep: int, *, boolean: bool):
+def packed_inputs(attention_mask: Any, completion_positions: Any, logits_to_keep: int, *, boolean: bool,
+                  with_mask: bool = True):
     """The position ids and the 4D attention mask of a batch of packed rollouts. `attention_mask` is
     TRL's (B, P + C) padding mask (prompt left-padded, completion right-padded); `completion_positions`
     (B, ≤ C) the rollouts' `RolloutSample.positions`. A token attends to the earlier tokens of its own
     segment only (a segment starts where the positions restart at 0); padding attends to itself only,
     so that no row of the mask is empty. `boolean`: True where attention is allowed (sdpa); else
-    additive, 0 or the float32 minimum (eager)."""
+    additive, 0 or the float32 minimum (eager). `with_mask` False: the positions only (mask None), for
+    passes that run a segment at a time."""
     import torch
 
     batch, width = attention_mask.shape
@@ -693,6 +695,8 @@ def packed_inputs(attention_mask: Any, completion_positions: Any, logits_to_keep
     positions[:, :prompt_width] = (prompt_mask.cumsum(-1) - 1).clamp(min=0)
     given = completion_positions.to(attention_mask.device).long()[:, :logits_to_keep]
     positions[:, prompt_width:prompt_width + given.size(1)] = given
+    if not with_mask:
+        return positions, None
     starts = (positions == 0) & valid
     segment = starts.long().cumsum(-1)
     same = segment.unsqueeze(2) == segment.unsqueeze(1)
@@ -858,7 +862,9 @@ def step_packed_trainer(trl: Any) -> type:
             for start in range(0, input_ids.size(0), batch_size):
                 end = min(start + batch_size, input_ids.size(0))
                 ids, pad = input_ids[start:end], attention_mask[start:end]
-                position_ids, mask = (packed_inputs(pad, positions[start:end], logits_to_keep, boolean=attn == "sdpa")
+                split = packed and self.packed_passes == "split" and not compute_aux_loss
+                position_ids, mask = (packed_inputs(pad, positions[start:end], logits_to_keep, boolean=attn == "sdpa",
+                                                    with_mask=not split)
                                       if packed else (None, pad))  # unpacked: TRL's own inputs
                 labels = ids.masked_fill(pad == 0, -100)
                 labels[:, :-logits_to_keep] = -100
@@ -871,7 +877,7 @@ def step_packed_trainer(trl: Any) -> type:
                     labels[:, -logits_to_keep:] = labels[:, -logits_to_keep:].masked_fill(
                         loss_mask[start:end] == 0, -100)
                 extra = {"output_router_logits": True} if compute_aux_loss else {}
-                if packed and self.packed_passes == "split" and not compute_aux_loss:
+                if split:
                     row_logps, row_entropies = self._segment_passes(model, ids, pad, position_ids, labels,
                                                                     compute_entropy)
                     logps.append(row_logps[:, -logits_to_keep:])
