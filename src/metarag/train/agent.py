@@ -427,8 +427,9 @@ def frozen_linears_as(model: Any, dtype: str):
     The same casts made once give the same logits, bit for bit (the cast is deterministic): the
     0.5B decoded a token 2.4x faster (benchmarks/frozen_cast.py). The rollouts run inside it, and so
     does each training_step of `StepPackedGRPOTrainer` (`cast_frozen`: one CPU process): the backward
-    reads the same casts autocast would have saved, so the gradient is the same too. A tied LM head gets a copy of its own; the
-    embedding it is tied to stays as it was. Yields how many tensors were swapped."""
+    reads the same casts autocast would have saved, so the gradient is the same too. A tied LM head
+    gets a copy of its own; the embedding it is tied to stays as it was. Yields how many tensors were
+    swapped."""
     import torch
 
     target = getattr(torch, dtype)
