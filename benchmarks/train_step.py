@@ -13,7 +13,8 @@ matmul support the CPU has and times one float32 and one bf16-autocast matmul of
         [--dataset hotpotqa-train100] [--questions 1] [--threads 1]
 
 A recipe may carry settings of its own after a colon, `name:key=value[;key=value]`
-(e.g. `cpu:packed_passes=mask`, the cpu step with the packed rows' one-pass mask), to time one change.
+(e.g. `cpu:packed_passes=mask`, the cpu step with the packed rows' one-pass mask;
+`cpu:rollout_prefix_tokens=0`, its rollouts running every request whole), to time one change.
 """
 from __future__ import annotations
 
@@ -93,14 +94,16 @@ def main() -> None:
     print(f"one GRPO step, {args.model} + LoRA, {len(questions)} question(s) of {args.dataset}, "
           f"{args.threads} thread(s)")
     print("| recipe | rollout generation | belief probe | rest of rollouts | reference pass | policy fwd/bwd "
-          "| step | speed-up | completion tokens / rollout |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "| step | speed-up | completion tokens / rollout | prompt tokens run / reused |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     first = rows[0][2]
     for name, parts, step, _, record in rows:
         rest = parts["rollouts"] - parts["generation"] - parts["probe"]
         print(f"| {name} | {parts['generation']:.1f} | {parts['probe']:.1f} | {rest:.1f} | {parts['reference']:.1f} "
               f"| {parts['policy']:.1f} | {step:.1f} | {first / step:.2f}x "
-              f"| {record.get('completions/mean_length', float('nan')):.0f} |")
+              f"| {record.get('completions/mean_length', float('nan')):.0f} "
+              f"| {record.get('prompt_tokens/computed', float('nan')):,.0f} / "
+              f"{record.get('prompt_tokens/reused', 0):,.0f} |")
     print("(seconds; rollout generation and probe are summed over the step's rollouts, which run as one batch)")
 
 

@@ -141,6 +141,80 @@ def test_a_prompt_too_long_for_the_context_fails_only_its_own_place_in_a_batch(t
     assert scored[0].probs == pytest.approx(short.score_labels(prompts[0], ("Yes", "No")).probs, rel=1e-4)
 
 
+
+def _logprobs(completion):
+    return np.array([t.logprob for t in completion.tokens])
+
+
+@needs_torch
+def test_a_turn_extending_an_earlier_request_runs_only_its_new_tokens(tiny):
+    from metarag.llm.base import TokenIds
+    from metarag.llm.hf import HFLLM, HFSettings
+
+    stored = HFLLM.from_model(tiny.model, tiny.tokenizer, identity="tiny")
+    fresh = HFLLM.from_model(tiny.model, tiny.tokenizer, identity="tiny",
+                             settings=HFSettings(embedded=None, prefix_cache_tokens=0))
+    assert fresh.prefix is None
+    prompts = ["The capital of France is Paris. Lyon is a city in France. Question: Who built",
+               "Gustave Eiffel was born in Dijon. The answer is Dijon. Question: Who built the tower?"]
+    passage = tuple(tiny.tokenizer.encode(" Lyon is a city in France.", add_special_tokens=False))
+    decoding = [Decoding(max_tokens=8)] * 2
+    for turn in range(3):  # an agent's turns: the last prompt, its output, then a passage
+        before = stored.prefix.computed
+        ours, theirs = stored.generate_batch(prompts, decoding), fresh.generate_batch(prompts, decoding)
+        assert [c.token_ids for c in ours] == [c.token_ids for c in theirs]
+        assert all(np.allclose(_logprobs(a), _logprobs(b), atol=1e-5) for a, b in zip(ours, theirs))
+        if turn:  # only the passage ran again, and each output's last token (sampled, never fed back)
+            assert stored.prefix.computed - before == 2 * (len(passage) + 1)
+        prompts = [TokenIds(c.prompt_ids + c.token_ids + passage) for c in ours]
+    probe = [TokenIds(p.ids + passage) for p in prompts]
+    ours, theirs = stored.score_labels_batch(probe, ("Yes", "No")), fresh.score_labels_batch(probe, ("Yes", "No"))
+    assert [s.probs for s in ours] == [pytest.approx(s.probs, abs=1e-6) for s in theirs]
+    assert stored.prefix.tokens <= stored.settings.prefix_cache_tokens
+    stored.identity = "tiny@step1"  # new weights: nothing stored may be reused
+    assert len(stored.prefix) == 0
+
+
+@needs_torch
+def test_a_group_of_rollouts_runs_its_shared_prompt_once(tiny):
+    from metarag.llm.hf import HFLLM, HFSettings
+
+    stored = HFLLM.from_model(tiny.model, tiny.tokenizer, identity="tiny")
+    fresh = HFLLM.from_model(tiny.model, tiny.tokenizer, identity="tiny",
+                             settings=HFSettings(embedded=None, prefix_cache_tokens=0))
+    prompt = "The capital of France is Paris. Lyon is a city in France. Question: Who built the tower?"
+    n = len(stored._prompt_ids(prompt))
+    decodings = [Decoding(max_tokens=6, temperature=1.0, seed=s) for s in range(4)]  # G = 4 sampled rollouts
+    ours, theirs = stored.generate_batch([prompt] * 4, decodings), fresh.generate_batch([prompt] * 4, decodings)
+    assert [c.token_ids for c in ours] == [c.token_ids for c in theirs]
+    assert (stored.prefix.computed, stored.prefix.reused) == ((n - 1) + 4, 4 * (n - 1))
+    # a row with a stored prefix beside one without: each sees only its own keys
+    mixed = [ours[0].prompt_ids + ours[0].token_ids, tuple(stored._prompt_ids("Gustave Eiffel was born in Dijon."))]
+    from metarag.llm.base import TokenIds
+
+    a = stored.generate_batch([TokenIds(m) for m in mixed], decodings[:2])
+    b = fresh.generate_batch([TokenIds(m) for m in mixed], decodings[:2])
+    assert [c.token_ids for c in a] == [c.token_ids for c in b]
+    assert all(np.allclose(_logprobs(x), _logprobs(y), atol=1e-5) for x, y in zip(a, b))
+
+
+def test_the_prefix_store_keeps_the_longest_sequences_within_its_budget():
+    from metarag.llm.prefix_kv import PrefixKV
+
+    store = PrefixKV(max_tokens=10)
+    store.put([1, 2, 3], ["abc"])
+    store.put([1, 2, 3, 4, 5], ["abcde"])  # extends the first: the first goes
+    assert len(store) == 1 and store.tokens == 5
+    assert store.match([1, 2, 3, 9])[0] == 3 and store.match([1, 2, 3, 4, 5])[0] == 4  # one token left to run
+    assert store.match([7, 8]) == (0, None)
+    store.put([1, 2], ["ab"])  # a prefix of a stored row adds nothing
+    assert len(store) == 1
+    store.put([7, 8, 9, 10], ["x"])
+    store.put([5, 5, 5], ["y"])  # 12 tokens > 10: the least recently used row goes
+    assert store.tokens == 7 and store.match([1, 2, 3])[0] == 0
+    store.put(list(range(11)), ["z"])  # longer than the whole store: not kept
+    assert store.tokens == 7
+
 def test_one_spec_string_names_every_back_end():
     assert parse_llm_spec("hf") == LLMSpec(backend="hf")
     assert parse_llm_spec("hf-0.5b").backend == "hf-0.5b"

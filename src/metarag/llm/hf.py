@@ -5,7 +5,8 @@ The back-end training uses: it wraps a live model (`HFLLM.from_model`), returns 
 log-probs and entropy for every generated token, attention weights and hidden states when a
 request asks (`Decoding.attentions` / `hidden_states`: one teacher-forced pass over prompt and
 output, in `Completion.internals`), and runs many prompts as one left-padded batch
-(`generate_batch`, `score_labels_batch`). Decoding follows the shared rules of `metarag.llm.base`
+(`generate_batch`, `score_labels_batch`), each row starting from the stored key/value states of
+the longest prefix an earlier request shares with it (`metarag.llm.prefix_kv`). Decoding follows the shared rules of `metarag.llm.base`
 token by token, so greedy output matches the llama.cpp back-end's rules exactly (not necessarily
 its tokens: the GGUF here is dequantized to float, llama.cpp computes in its quantized types).
 """
@@ -17,7 +18,7 @@ import inspect
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,7 @@ from metarag.llm.base import (
     sample_token,
     top_alternatives,
 )
+from metarag.llm.prefix_kv import PrefixKV, common_prefix
 from metarag.records import Completion, LabelScores, Message, Usage
 
 WEIGHT_SUFFIXES = (".safetensors", ".gguf")
@@ -60,7 +62,12 @@ class HFSettings:
     returned. `n_threads` None leaves torch's default. A folder's pickle weight files (.bin, .pt,
     .pth, .ckpt) can run code when loaded: refused unless `trust_pickle`. `autocast` runs every
     forward pass under bf16 autocast over the model's own (float32) weights: a trainer's rollouts in
-    its bf16-autocast precision (on a CPU with AVX512-BF16 a bf16 matmul is about 4x a float32 one)."""
+    its bf16-autocast precision (on a CPU with AVX512-BF16 a bf16 matmul is about 4x a float32 one).
+    `prefix_cache_tokens`: the key/value states of up to that many tokens of earlier requests are kept
+    (`metarag.llm.prefix_kv`), so a request that extends one (an agent's next turn, a probe of a longer
+    history) runs only its new tokens; 0 turns it off. 16,384 tokens of the 1.5B's states take about
+    0.5 GB in bf16 (28 layers x 2 KV heads x 128 x 2 for keys and values), and hold every row of a
+    training step's group (5 rollouts x 3 turns, their probes)."""
 
     embedded: str | None = "qwen2.5-coder-1.5b-instruct"
     path: str | None = None
@@ -71,6 +78,11 @@ class HFSettings:
     attn_implementation: str = "eager"
     trust_pickle: bool = False
     autocast: bool = False
+    prefix_cache_tokens: int = field(default=16384, metadata={"omit_default": True})
+
+    def __post_init__(self) -> None:
+        if self.prefix_cache_tokens < 0:
+            raise ConfigError(f"prefix_cache_tokens must be >= 0, not {self.prefix_cache_tokens}")
 
 
 def _torch():
@@ -131,6 +143,7 @@ class HFLLM:
     def _setup(self, model: Any, tokenizer: Any, identity: str, settings: HFSettings) -> None:
         self._torch_mod, _ = _torch()
         self.model, self.tokenizer = model, tokenizer
+        self.prefix = PrefixKV(settings.prefix_cache_tokens) if settings.prefix_cache_tokens else None
         self.identity = identity
         self.settings = settings
         self._lock = threading.Lock()
@@ -170,6 +183,17 @@ class HFLLM:
     @property
     def device(self):
         return next(self.model.parameters()).device
+
+    @property
+    def identity(self) -> str:
+        return self._identity
+
+    @identity.setter
+    def identity(self, value: str) -> None:
+        """New weights under this name: the stored key/value states were another model's."""
+        self._identity = value
+        if self.prefix is not None:
+            self.prefix.clear()
 
     # -------------------------------------------------------------------------------- protocol
     def complete(self, prompt: str | TokenIds, decoding: Decoding = Decoding()) -> Completion:
@@ -270,25 +294,95 @@ class HFLLM:
                                f"{self.settings.n_ctx} tokens (raise --n-ctx or retrieve fewer passages)")
         return tokens
 
-    def _padded(self, rows: Sequence[Sequence[int]]):
-        torch = self._torch_mod
-        width = max(len(r) for r in rows)
-        ids = torch.full((len(rows), width), self._pad, dtype=torch.long)
-        mask = torch.zeros((len(rows), width), dtype=torch.long)
-        for i, row in enumerate(rows):
-            ids[i, width - len(row):] = torch.tensor(row, dtype=torch.long)
-            mask[i, width - len(row):] = 1
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        device = self.device
-        return ids.to(device), mask.to(device), positions.to(device)
-
     def _last_logprobs(self, sequences: Sequence[Sequence[int]]) -> list[np.ndarray]:
+        result, _, _, columns = self._prefill(sequences)
+        self._store(sequences, columns, result)
+        return [log_softmax(row) for row in result.logits[:, -1, :].float().cpu().numpy()]
+
+    def _prefill(self, rows: Sequence[Sequence[int]]):
+        """One forward pass over the rows' prompts, left-padded, each row's longest stored prefix
+        (`self.prefix`) given as the cache instead of run again; the G rows of one group share a
+        prefix no row has stored yet (the instructions and the question): it runs once first.
+        Returns the model's output, the attention mask and positions to continue from, and each
+        row's cache columns (where its prompt tokens' states sit in the output's cache)."""
         torch = self._torch_mod
-        ids, mask, positions = self._padded(sequences)
+        if self.prefix is not None and len(rows) > 1:
+            self._share_common_prefix(rows)
+        reuse = [self.prefix.match(r) if self.prefix is not None else (0, None) for r in rows]
+        n, cached = len(rows), max(c for c, _ in reuse)
+        tails = [list(r[c:]) for r, (c, _) in zip(rows, reuse)]
+        width = max(len(t) for t in tails)
+        ids = torch.full((n, width), self._pad, dtype=torch.long)
+        mask = torch.zeros((n, cached + width), dtype=torch.long)
+        positions = torch.zeros((n, width), dtype=torch.long)
+        columns = []
+        for i, (tail, (c, _)) in enumerate(zip(tails, reuse)):
+            start = width - len(tail)
+            ids[i, start:] = torch.tensor(tail, dtype=torch.long)
+            mask[i, cached - c:cached] = 1
+            mask[i, cached + start:] = 1
+            positions[i, start:] = torch.arange(c, c + len(tail))
+            columns.append(np.concatenate([np.arange(cached - c, cached), np.arange(cached + start, cached + width)]))
+        device = self.device
+        kwargs: dict[str, Any] = {}
+        if cached:
+            kwargs[self._cache_arg] = self._past(reuse, cached, device)
+        if self.prefix is not None:
+            self.prefix.reused += sum(c for c, _ in reuse)
+            self.prefix.computed += sum(len(t) for t in tails)
+        mask, positions = mask.to(device), positions.to(device)
         with torch.no_grad():
-            logits = self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
-                                logits_to_keep=1).logits[:, -1, :]
-        return [log_softmax(row) for row in logits.float().cpu().numpy()]
+            result = self.model(input_ids=ids.to(device), attention_mask=mask, position_ids=positions,
+                                use_cache=True, logits_to_keep=1, **kwargs)
+        return result, mask, positions, columns
+
+    def _share_common_prefix(self, rows: Sequence[Sequence[int]]) -> None:
+        """Run the rows' common prefix once (and store it) when it is longer than the store's best."""
+        first = np.asarray(rows[0], dtype=np.int64)
+        common = min(len(r) for r in rows) - 1
+        for r in rows[1:]:
+            common = min(common, common_prefix(first, np.asarray(r, dtype=np.int64)))
+        if common >= 16 and common > self.prefix.match(first[:common + 1].tolist())[0]:
+            head = [first[:common].tolist()]
+            result, _, _, columns = self._prefill(head)
+            self._store(head, columns, result)
+
+    def _past(self, reuse, cached: int, device):
+        """The stored prefixes as one cache, each row's states right-aligned at column `cached`."""
+        torch = self._torch_mod
+        from transformers.cache_utils import DynamicCache
+
+        stored = next(s for _, s in reuse if s is not None)
+        layers = []
+        for layer, (k0, v0) in enumerate(stored.kv):
+            keys = torch.zeros((len(reuse), k0.shape[0], cached, k0.shape[2]), dtype=k0.dtype, device=device)
+            values = torch.zeros((len(reuse), v0.shape[0], cached, v0.shape[2]), dtype=v0.dtype, device=device)
+            for i, (c, s) in enumerate(reuse):
+                if c:
+                    keys[i, :, cached - c:] = s.kv[layer][0][:, :c]
+                    values[i, :, cached - c:] = s.kv[layer][1][:, :c]
+            layers.append((keys, values))
+        return DynamicCache(layers)
+
+    def _store(self, sequences: Sequence[Sequence[int]], columns: Sequence[np.ndarray], result: Any) -> None:
+        """Copy each row's states out of the output's cache into `self.prefix` (plain full-attention
+        layers only: a sliding-window cache keeps a window, not the sequence)."""
+        if self.prefix is None:
+            return
+        from transformers.cache_utils import DynamicLayer
+
+        cache = getattr(result, "cache", None)
+        if cache is None:
+            cache = getattr(result, "past_key_values", None)
+        layers = getattr(cache, "layers", None)
+        if not layers or any(type(layer) is not DynamicLayer for layer in layers):
+            return
+        torch = self._torch_mod
+        for i, (seq, cols) in enumerate(zip(sequences, columns)):
+            index = torch.as_tensor(cols, device=layers[0].keys.device)
+            kv = [(layer.keys[i].index_select(1, index).clone(), layer.values[i].index_select(1, index).clone())
+                  for layer in layers]
+            self.prefix.put(list(seq), kv)
 
     def _decode(self, rows: list[list[int]], decodings: Sequence[Decoding]):
         """Token-by-token decoding of all rows at once with a KV cache; finished rows are fed padding
@@ -301,10 +395,10 @@ class HFLLM:
         outs: list[list[int]] = [[] for _ in rows]
         eos = [False] * n
         done = [b <= 0 for b in budgets]
-        ids, mask, positions = self._padded(rows)
+        result, mask, positions, columns = self._prefill(rows)
+        fed = [0] * n  # output tokens of each row whose states the cache holds (column width + j for token j)
+        width = mask.shape[1]
         with torch.no_grad():
-            result = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
-                                logits_to_keep=1)
             while not all(done):
                 logits = result.logits[:, -1, :].float().cpu().numpy()
                 step = []
@@ -327,6 +421,7 @@ class HFLLM:
                         done[i] = True
                 if all(done):
                     break
+                fed = [len(o) for o in outs]
                 mask = torch.cat([mask, torch.ones((n, 1), dtype=mask.dtype, device=mask.device)], dim=1)
                 positions = positions[:, -1:] + 1
                 cache = getattr(result, "cache", None)
@@ -335,6 +430,8 @@ class HFLLM:
                 result = self.model(input_ids=torch.tensor(step, device=mask.device).unsqueeze(1),
                                     attention_mask=mask, position_ids=positions, use_cache=True,
                                     **{self._cache_arg: cache})
+        self._store([r + o[:f] for r, o, f in zip(rows, outs, fed)],
+                    [np.concatenate([c, width + np.arange(f)]) for c, f in zip(columns, fed)], result)
         return streams, eos, outs
 
     def _internals(self, ids: list[int], n_prompt: int, decoding: Decoding) -> Internals:
@@ -413,3 +510,4 @@ def _dtype(torch, name: str, device):
     if not isinstance(value, torch.dtype):
         raise ConfigError(f"unknown torch dtype {name!r} (float32, bfloat16, float16)")
     return value
+

@@ -98,7 +98,10 @@ class AgentTrainSettings:
     but SDPA's fused causal kernel instead of its math path (which a 4D mask forces on the CPU:
     every L × L attention matrix of the whole row, across segments too, kept for the backward pass);
     "auto": split in one CPU process, mask on a GPU or across processes (DDP takes one forward per
-    backward). `keep_checkpoints`: only the
+    backward). `rollout_prefix_tokens`: the rollouts' back-end keeps that many tokens of key/value
+    states (`HFSettings.prefix_cache_tokens`), so each turn and each probe runs only the tokens it adds
+    to an earlier request, and a group's G rollouts run their shared prompt once; 0 runs every request
+    whole (the same tokens up to float rounding, more time). `keep_checkpoints`: only the
     newest 3 checkpoints are kept (TRL's `save_total_limit`; each holds a merged full model, 6 GB for
     a 1.5B in float32); 0 keeps every one.
     search-r1 takes `max_turns` as Search-R1's trainer does (`max_turns` search turns, then one final
@@ -133,6 +136,7 @@ class AgentTrainSettings:
     attn_implementation: str = "sdpa"
     train_batch_size: int = setting(1, ge=1)
     packed_passes: Literal["auto", "mask", "split"] = "auto"
+    rollout_prefix_tokens: int = setting(16384, ge=0, metadata={"omit_default": True})
     save_every: int = setting(5, ge=1)
     keep_checkpoints: int = setting(3, ge=0)
     time_budget_s: float = setting(0.0, ge=0)
@@ -410,6 +414,14 @@ def rollout_seconds(traces: Sequence[Trace]) -> dict[str, float]:
     return out
 
 
+def prompt_tokens(llm: Any) -> dict[str, float]:
+    """The step's prompt tokens the rollouts' back-end ran through the model ("computed") and took
+    from its stored key/value states ("reused", `HFSettings.prefix_cache_tokens`); empty for a
+    back-end that keeps none."""
+    store = getattr(llm, "prefix", None)
+    return {"computed": float(store.computed), "reused": float(store.reused)} if store is not None else {}
+
+
 def training_prompts(questions: Sequence[Question]) -> list[str]:
     """The dataset rows TRL hands back to the rollout function, one per question: the question's
     place and text, so that two questions with the same text (and other answers) stay apart."""
@@ -521,7 +533,8 @@ class AgentRollouts:
             inner = model.get_base_model() if hasattr(model, "get_base_model") else model  # LoRA layers stay in
             llm = HFLLM.from_model(inner, tokenizer, identity=f"{self.identity}:step{step}",
                                    settings=HFSettings(embedded=None, n_ctx=self.settings.n_ctx,
-                                                       autocast=self._autocast(inner)))
+                                                       autocast=self._autocast(inner),
+                                                       prefix_cache_tokens=self.settings.rollout_prefix_tokens))
         seeds = [rollout_seed(self.settings.seed, step, i, process) for i in range(len(questions))]
         rollouts = [dataclasses.replace(q) for q in questions]  # one object per rollout (see _PerRollout)
         method = self.method
@@ -554,7 +567,8 @@ class AgentRollouts:
                "rollout_under_search": under.under_search_rate,
                "rollout_over_search": under.over_search_rate,
                "rollout_failed": len(failed) / len(traces),
-               "rollout_seconds": rollout_seconds(traces)}
+               "rollout_seconds": rollout_seconds(traces),
+               "rollout_prompt_tokens": prompt_tokens(llm)}
         if any(s.packed for s in samples):
             out[POSITIONS_FIELD] = [list(s.positions) for s in samples]
         return out
@@ -643,11 +657,14 @@ def reward_columns() -> tuple[list[Callable[..., list]], list[float]]:
         return read
 
     def reward(prompts, completions, rollout_reward, log_metric=None, rollout_layout=None,
-               rollout_under_search=None, rollout_over_search=None, rollout_failed=None, rollout_seconds=None, **_):
+               rollout_under_search=None, rollout_over_search=None, rollout_failed=None, rollout_seconds=None,
+               rollout_prompt_tokens=None, **_):
         scored = [r for r in rollout_reward if r is not None]
         if log_metric is not None:
             for part, seconds in (rollout_seconds[0] if rollout_seconds else {}).items():
                 log_metric(f"time/{part}", seconds)  # the process's rollouts this step, summed
+            for part, tokens in (rollout_prompt_tokens[0] if rollout_prompt_tokens else {}).items():
+                log_metric(f"prompt_tokens/{part}", tokens)
             log_metric("failed_rollouts", rollout_failed[0] if rollout_failed else 0.0)
             if scored:
                 log_metric("searches", sum(r.searches for r in scored) / len(scored))
