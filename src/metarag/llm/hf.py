@@ -1,14 +1,14 @@
 """The transformers back-end: any Hugging Face causal LM, or the embedded Qwen GGUFs read through
 transformers' GGUF reader (dequantized), run by torch on the CPU, or the GPU when torch sees one.
-
-The back-end training uses: it wraps a live model (`HFLLM.from_model`), returns token ids,
-log-probs and entropy for every generated token, attention weights and hidden states when a
-request asks (`Decoding.attentions` / `hidden_states`: one teacher-forced pass over prompt and
-output, in `Completion.internals`), and runs many prompts as one left-padded batch
-(`generate_batch`, `score_labels_batch`), each row starting from the stored key/value states of
-the longest prefix an earlier request shares with it (`metarag.llm.prefix_kv`). Decoding follows the shared rules of `metarag.llm.base`
-token by token, so greedy output matches the llama.cpp back-end's rules exactly (not necessarily
-its tokens: the GGUF here is dequantized to float, llama.cpp computes in its quantized types).
+The back-end training uses: it wraps a live model (`HFLLM.from_model`), returns token ids, log-probs
+and entropy for every generated token, attention weights and hidden states when a request asks
+(`Decoding.attentions` / `hidden_states`: one teacher-forced pass over prompt and output, in
+`Completion.internals`), and runs many prompts as one left-padded batch (`generate_batch`,
+`score_labels_batch`), each row starting from the stored key/value states of the longest prefix an
+earlier request shares with it (`metarag.llm.prefix_kv`). Decoding follows the shared rules of
+`metarag.llm.base` token by token, so greedy output matches the llama.cpp back-end's rules exactly
+(not necessarily its tokens: the GGUF here is dequantized to float, llama.cpp computes in its
+quantized types).
 """
 from __future__ import annotations
 
