@@ -1,5 +1,6 @@
 """The transformers back-end: any Hugging Face causal LM, or the embedded Qwen GGUFs read through
 transformers' GGUF reader (dequantized), run by torch on the CPU, or the GPU when torch sees one.
+
 The back-end training uses: it wraps a live model (`HFLLM.from_model`), returns token ids, log-probs
 and entropy for every generated token, attention weights and hidden states when a request asks
 (`Decoding.attentions` / `hidden_states`: one teacher-forced pass over prompt and output, in
