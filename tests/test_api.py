@@ -62,6 +62,11 @@ def test_the_tutorials_method_runs_in_process_beside_standard_rag(tmp_path):
     again = metarag.run("checked-rag", "demo", limit=2, runs_dir=tmp_path, llm_instance=ScriptedLLM([]),
                              settings={"threshold": 0.6})  # resumed: nothing asked of the model
     assert again.records == mine.records
+    batched = metarag.run("checked-rag", "demo", limit=2, runs_dir=tmp_path / "batched", llm_instance=llm,
+                          settings={"threshold": 0.6}, batch=2)  # both questions in lockstep: the same answers
+    assert [r.trace.answer for r in batched.records] == [r.trace.answer for r in mine.records]
+    with pytest.raises(ConfigError, match="--batch must be at least 1"):  # the value reaches the harness
+        metarag.run("checked-rag", "demo", limit=2, runs_dir=tmp_path / "zero", llm_instance=llm, batch=0)
     with pytest.raises(ConfigError, match="one of metarag's own methods"):
         metarag.register_method("ircot", namespace["CheckedRAG"])
 

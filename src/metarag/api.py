@@ -91,7 +91,8 @@ def run(method: str, dataset: str | Path, *, llm: str = "embedded", retriever: s
              llm_instance: Any = None, retriever_instance: Any = None, shard: str | None = None,
              samples: int = 1, temperature: float | None = None, top_p: float | None = None,
              judge_llm: str | None = None, judge_prompt: str = "equivalence", judge_llm_instance: Any = None,
-             types: Sequence[str] = (), lora: str | Path | None = None, threads: int | None = None) -> Run:
+             types: Sequence[str] = (), lora: str | Path | None = None, threads: int | None = None,
+        batch: int = 1) -> Run:
     """Evaluate `method` on `dataset` (or resume that run) and return the run. (`run`, not
     `evaluate`: `metarag.evaluate` is the package of the harness, metrics and reports.)
 
@@ -108,7 +109,9 @@ def run(method: str, dataset: str | Path, *, llm: str = "embedded", retriever: s
     0.6 / 0.95), avg@k and pass@k in the table. `judge_llm`: judge every answer with this model afterwards
     (`eval --judge-llm`; `judge_prompt` names the prompt, `judge_llm_instance` replaces the model).
     `types`: only questions of these types (`eval --types`). `lora`: a trained adapter on a llama.cpp
-    model (`eval --lora`). `threads`: the local back-end's threads (`eval --threads`).
+    model (`eval --lora`). `threads`: the local back-end's threads (`eval --threads`). `batch`: that many
+    questions in lockstep, each round's requests one batch (`eval --batch`; a transformers model decodes
+    them as one padded batch).
     The run folder, its id and its resume are `metarag eval`'s."""
     from metarag.evaluate.harness import DatasetSpec, EvalConfig, Samples, evaluate, runs_dir_default
     from metarag.evaluate.runs import Shard
@@ -127,7 +130,7 @@ def run(method: str, dataset: str | Path, *, llm: str = "embedded", retriever: s
                         shard=Shard.parse(shard) if shard is not None else None,
                         samples=Samples(samples, **{k: v for k, v in (("temperature", temperature), ("top_p", top_p))
                                                    if v is not None}),
-                        judge_llm=judge_llm,
+                        judge_llm=judge_llm, batch=batch,
                         answer_judge=AnswerJudge(prompt=judge_prompt))
     store, _ = evaluate(config, progress=progress, llm=llm_instance, retriever=retriever_instance,
                         judge_llm=judge_llm_instance)
