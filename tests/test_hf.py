@@ -176,11 +176,16 @@ def test_a_turn_extending_an_earlier_request_runs_only_its_new_tokens(tiny):
 
 
 @needs_torch
-def test_a_group_of_rollouts_runs_its_shared_prompt_once(tiny):
+@pytest.mark.parametrize("attention", ["eager", "sdpa"])  # sdpa: the trainer's
+def test_a_group_of_rollouts_runs_its_shared_prompt_once(tiny, attention):
+    import copy
+
     from metarag.llm.hf import HFLLM, HFSettings
 
-    stored = HFLLM.from_model(tiny.model, tiny.tokenizer, identity="tiny")
-    fresh = HFLLM.from_model(tiny.model, tiny.tokenizer, identity="tiny",
+    model = copy.deepcopy(tiny.model)
+    model.set_attn_implementation(attention)
+    stored = HFLLM.from_model(model, tiny.tokenizer, identity="tiny")
+    fresh = HFLLM.from_model(model, tiny.tokenizer, identity="tiny",
                              settings=HFSettings(embedded=None, prefix_cache_tokens=0))
     prompt = "The capital of France is Paris. Lyon is a city in France. Question: Who built the tower?"
     n = len(stored._prompt_ids(prompt))

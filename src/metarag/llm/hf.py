@@ -66,9 +66,11 @@ class HFSettings:
     its bf16-autocast precision (on a CPU with AVX512-BF16 a bf16 matmul is about 4x a float32 one).
     `prefix_cache_tokens`: the key/value states of up to that many tokens of earlier requests are kept
     (`metarag.llm.prefix_kv`), so a request that extends one (an agent's next turn, a probe of a longer
-    history) runs only its new tokens; 0 turns it off. 16,384 tokens of the 1.5B's states take about
-    0.5 GB in bf16 (28 layers x 2 KV heads x 128 x 2 for keys and values), and hold every row of a
-    training step's group (5 rollouts x 3 turns, their probes)."""
+    history) runs only its new tokens; 0 turns it off. A token of the 1.5B's states is 28 layers x 2
+    KV heads x 128 for keys and as much for values: 16,384 tokens take about 0.94 GB in float32 (and
+    about 0.7 GB under bf16 autocast, where the values are bf16 and the keys float32: Qwen2's rotary
+    tables take the hidden states' dtype), enough for every row of a training step's group (5
+    rollouts x 3 turns, their probes)."""
 
     embedded: str | None = "qwen2.5-coder-1.5b-instruct"
     path: str | None = None
@@ -144,10 +146,11 @@ class HFLLM:
     def _setup(self, model: Any, tokenizer: Any, identity: str, settings: HFSettings) -> None:
         self._torch_mod, _ = _torch()
         self.model, self.tokenizer = model, tokenizer
+        self._lock = threading.Lock()
         self.prefix = PrefixKV(settings.prefix_cache_tokens) if settings.prefix_cache_tokens else None
+        self._storable = True  # False once the model's cache is found to keep less than whole sequences
         self.identity = identity
         self.settings = settings
-        self._lock = threading.Lock()
         eos = set()
         for source in (getattr(tokenizer, "eos_token_id", None),
                        getattr(getattr(model, "generation_config", None), "eos_token_id", None)):
@@ -191,10 +194,12 @@ class HFLLM:
 
     @identity.setter
     def identity(self, value: str) -> None:
-        """New weights under this name: the stored key/value states were another model's."""
-        self._identity = value
-        if self.prefix is not None:
-            self.prefix.clear()
+        """New weights under this name: the stored key/value states were another model's (cleared
+        between requests, never under one)."""
+        with self._lock:
+            self._identity = value
+            if self.prefix is not None:
+                self.prefix.clear()
 
     # -------------------------------------------------------------------------------- protocol
     def complete(self, prompt: str | TokenIds, decoding: Decoding = Decoding()) -> Completion:
@@ -307,7 +312,7 @@ class HFLLM:
         Returns the model's output, the attention mask and positions to continue from, and each
         row's cache columns (where its prompt tokens' states sit in the output's cache)."""
         torch = self._torch_mod
-        if self.prefix is not None and len(rows) > 1:
+        if self.prefix is not None and self._storable and len(rows) > 1:
             self._share_common_prefix(rows)
         reuse = [self.prefix.match(r) if self.prefix is not None else (0, None) for r in rows]
         n, cached = len(rows), max(c for c, _ in reuse)
@@ -376,12 +381,13 @@ class HFLLM:
         if cache is None:
             cache = getattr(result, "past_key_values", None)
         layers = getattr(cache, "layers", None)
-        if not layers or any(type(layer) is not DynamicLayer for layer in layers):
+        if not layers or any(type(layer) is not DynamicLayer or layer.keys is None for layer in layers):
+            self._storable = False
             return
         torch = self._torch_mod
         for i, (seq, cols) in enumerate(zip(sequences, columns)):
             index = torch.as_tensor(cols, device=layers[0].keys.device)
-            kv = [(layer.keys[i].index_select(1, index).clone(), layer.values[i].index_select(1, index).clone())
+            kv = [(layer.keys[i].index_select(1, index), layer.values[i].index_select(1, index))  # copies
                   for layer in layers]
             self.prefix.put(list(seq), kv)
 

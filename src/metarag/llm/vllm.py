@@ -125,9 +125,11 @@ class VLLMRollouts:
         self.settings = policy.settings
 
     @classmethod
-    def from_trainer(cls, trainer: Any, model: Any, identity: str, n_ctx: int) -> VLLMRollouts:
+    def from_trainer(cls, trainer: Any, model: Any, identity: str, n_ctx: int,
+                     prefix_tokens: int = 16384) -> VLLMRollouts:
         """Over TRL's `trainer.vllm_generation` (colocate: its `llm`; server: its `vllm_client`) and
-        `model`, the policy as unwrapped for generation."""
+        `model`, the policy as unwrapped for generation (its probes keep `prefix_tokens` of key/value
+        states, `HFSettings.prefix_cache_tokens`)."""
         from metarag.llm.hf import HFLLM, HFSettings
 
         generation = trainer.vllm_generation
@@ -143,7 +145,7 @@ class VLLMRollouts:
             engine = ServerEngine(client)
         inner = model.get_base_model() if hasattr(model, "get_base_model") else model
         policy = HFLLM.from_model(inner, trainer.processing_class, identity=identity,
-                                  settings=HFSettings(embedded=None, n_ctx=n_ctx))
+                                  settings=HFSettings(embedded=None, n_ctx=n_ctx, prefix_cache_tokens=prefix_tokens))
         return cls(engine, policy, identity)
 
     # the policy's own

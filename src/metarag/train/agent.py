@@ -417,8 +417,8 @@ def rollout_seconds(traces: Sequence[Trace]) -> dict[str, float]:
 def prompt_tokens(llm: Any) -> dict[str, float]:
     """The step's prompt tokens the rollouts' back-end ran through the model ("computed") and took
     from its stored key/value states ("reused", `HFSettings.prefix_cache_tokens`); empty for a
-    back-end that keeps none."""
-    store = getattr(llm, "prefix", None)
+    back-end that keeps none (vLLM's rollouts: the policy's probes)."""
+    store = getattr(llm, "prefix", None) or getattr(getattr(llm, "policy", None), "prefix", None)
     return {"computed": float(store.computed), "reused": float(store.reused)} if store is not None else {}
 
 
@@ -519,7 +519,8 @@ class AgentRollouts:
             if getattr(trainer, "use_vllm", False):  # vLLM samples; the policy tokenizes and probes
                 from metarag.llm.vllm import VLLMRollouts
 
-                llm = VLLMRollouts.from_trainer(trainer, model, f"{self.identity}:step{step}", self.settings.n_ctx)
+                llm = VLLMRollouts.from_trainer(trainer, model, f"{self.identity}:step{step}", self.settings.n_ctx,
+                                                self.settings.rollout_prefix_tokens)
             return self.run(prompts, model, trainer.processing_class, step, process=process, llm=llm)
 
     def run(self, prompts: Sequence[Any], model: Any, tokenizer: Any, step: int, *, process: int = 0,
