@@ -572,6 +572,9 @@ class AgentRollouts:
                "rollout_prompt_tokens": prompt_tokens(llm)}
         if any(s.packed for s in samples):
             out[POSITIONS_FIELD] = [list(s.positions) for s in samples]
+        store = getattr(llm, "prefix", None) or getattr(getattr(llm, "policy", None), "prefix", None)
+        if store is not None:  # the step's key/value states go now, not whenever the back-end is collected
+            store.clear()
         return out
 
     def _log_rollouts(self, step: int, traces: Sequence[Trace], questions: Sequence[Question],
