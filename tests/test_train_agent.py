@@ -606,6 +606,7 @@ def test_two_steps_of_the_cpu_recipe_on_a_tiny_model_log_where_the_time_went(tin
         assert record["time/probe"] > 0 and record["time/reference"] == 0.0  # KL 0: no reference pass
         # later turns and probes, and the group's shared prompt, came from the stored key/value states
         assert record["prompt_tokens/reused"] > 0 and record["prompt_tokens/computed"] > 0
+        assert record["memory/rss_gb"] > 0  # the process's resident memory, after the heap's trim
     # the rollouts ran under bf16 autocast, as the training passes do, the frozen weights cast once a step
     assert all(g.logprobs for t in rollouts.last["traces"] for g in step_generations(t))
     assert rollouts.trainer.cast_frozen  # inside training_step (rollouts included) the frozen weights are bf16 casts
