@@ -8,6 +8,7 @@ import contextlib
 import importlib.util
 import json
 import math
+import shutil
 import subprocess
 import sys
 
@@ -258,6 +259,44 @@ def test_time_budget_stops_and_saves(tiny, tmp_path):
     report = train_agent(QUESTIONS, MemoryRetriever(PASSAGES), copy.deepcopy(base), tokenizer, tmp_path, settings)
     assert report.steps == 1 and (tmp_path / "trainer" / "checkpoint-1" / MANIFEST).exists()
     assert report.checkpoint == tmp_path / "trainer" / "checkpoint-1" / MERGED
+
+
+@needs_trl
+def test_merged_copy_only_at_the_last_checkpoint(tiny, tmp_path):
+    """merged/ (a full model copy: 6 GB for the 1.5B) goes into the checkpoint a run ends on; an earlier
+    one keeps the adapter; a run resumed at its last step writes a missing merged copy."""
+    import copy
+
+    from metarag.train.agent import train_agent
+
+    base, tokenizer = tiny
+    settings = AgentTrainSettings(method="belief-agent", reward="belief", **{**TINY, "steps": 2})
+    report = train_agent(QUESTIONS, MemoryRetriever(PASSAGES), copy.deepcopy(base), tokenizer, tmp_path, settings)
+    first, last = (tmp_path / "trainer" / f"checkpoint-{n}" for n in (1, 2))
+    assert (first / "adapter" / "adapter_model.safetensors").exists() and not (first / MERGED).exists()
+    assert json.loads((first / MANIFEST).read_text())["merged"] is None
+    assert report.checkpoint == last / MERGED and (last / MERGED / "model.safetensors").exists()
+    assert json.loads((last / MANIFEST).read_text())["merged_sha256"]
+    written = (last / MERGED / "model.safetensors").read_bytes()
+    shutil.rmtree(last / MERGED)  # as after a run cut off between its last save and its merged copy
+    report = train_agent(QUESTIONS, MemoryRetriever(PASSAGES), copy.deepcopy(base), tokenizer, tmp_path, settings)
+    # the finished run takes no further step, and its merged copy holds the weights written before
+    assert report.steps == 2 and (last / MERGED / "model.safetensors").read_bytes() == written
+    assert not (tmp_path / "trainer" / "checkpoint-3").exists()
+    # ... read from the checkpoint (the tiny run's rewards are equal, so its adapter is still the identity:
+    # move it, and the merged copy moves too)
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(last / "adapter_model.safetensors")
+    save_file({k: v + 0.5 if "lora_B" in k else v for k, v in weights.items()}, last / "adapter_model.safetensors")
+    shutil.rmtree(last / MERGED)
+    train_agent(QUESTIONS, MemoryRetriever(PASSAGES), copy.deepcopy(base), tokenizer, tmp_path, settings)
+    assert (last / MERGED / "model.safetensors").read_bytes() != written
+    assert not (tmp_path / "trainer" / "checkpoint-3").exists()
+    every = AgentTrainSettings(method="belief-agent", reward="belief",
+                               **{**TINY, "steps": 2, "merged_checkpoints": "every"})
+    train_agent(QUESTIONS, MemoryRetriever(PASSAGES), copy.deepcopy(base), tokenizer, tmp_path / "every", every)
+    assert (tmp_path / "every" / "trainer" / "checkpoint-1" / MERGED / "model.safetensors").exists()
 
 
 @needs_trl

@@ -259,8 +259,9 @@ def _add_train_agent(sub) -> None:
                                     "and belief-agent), the reward read from each trace. "
                                     "Paper settings by default (lr 1e-6, KL 0.001, G 5, 4 turns, 512 response "
                                     "tokens, 4,096 prompt tokens, top-3). Training splits only. Checkpoints: "
-                                    "OUT/trainer/checkpoint-N/merged, for metarag eval --llm hf:PATH; a re-run "
-                                    "resumes. --plot OUT draws the training curves instead.")
+                                    "OUT/trainer/checkpoint-N; the last one holds merged/, for metarag eval --llm "
+                                    "hf:PATH (every one with --set merged_checkpoints=every); a re-run resumes. "
+                                    "--plot OUT draws the training curves instead.")
     ta.add_argument("--dataset", default=None, metavar="PRESET", help="a training preset (hotpotqa-train100, "
                     "musique-train100, demo)")
     ta.add_argument("--dataset-file", default=None, metavar="PATH", help="a training file of your own (needs "

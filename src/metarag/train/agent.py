@@ -102,8 +102,13 @@ class AgentTrainSettings:
     states (`HFSettings.prefix_cache_tokens`), so each turn and each probe runs only the tokens it adds
     to an earlier request, and a group's G rollouts run their shared prompt once; 0 runs every request
     whole (the same tokens up to float rounding, more time). `keep_checkpoints`: only the
-    newest 3 checkpoints are kept (TRL's `save_total_limit`; each holds a merged full model, 6 GB for
-    a 1.5B in float32); 0 keeps every one.
+    newest 3 checkpoints are kept (TRL's `save_total_limit`); 0 keeps every one. `merged_checkpoints`:
+    which checkpoints also hold `merged/`, the full model with the adapter merged in (the folder
+    `--llm hf:PATH` evaluates): "last", the one a run ends on (its steps done or its time budget
+    spent; a checkpoint without one gets it when the same command is run again with `--steps` at
+    its step), because the merged copy of a 1.5B is 6 GB in float32, takes a deep copy of the model in
+    memory (the 1.5B run peaked at 19-20 GB while saving, 14-15 GB otherwise) and a minute to write
+    and hash; "every", each checkpoint.
     search-r1 takes `max_turns` as Search-R1's trainer does (`max_turns` search turns, then one final
     answer turn: T = max_turns + 1 generations), and so do r1-searcher and autorefine (AutoRefine's
     trainer is Search-R1's; R1-Searcher's `experience_maker.py` cuts the ninth generation: its
@@ -139,6 +144,7 @@ class AgentTrainSettings:
     rollout_prefix_tokens: int = setting(16384, ge=0, metadata={"omit_default": True})
     save_every: int = setting(5, ge=1)
     keep_checkpoints: int = setting(3, ge=0)
+    merged_checkpoints: Literal["last", "every"] = dataclasses.field(default="last", metadata={"omit_default": True})
     time_budget_s: float = setting(0.0, ge=0)
     seed: int = 0
     # belief-agent's `think_prefix` (methods/search_agent.py says why), off as in the paper; left out of
@@ -1098,6 +1104,7 @@ def train_agent(questions: Sequence[Question], retriever: Any, model: Any, token
     log: list[dict[str, Any]] = []
     log_path = out / LOG_FILE
     started = time.monotonic()
+    budget_spent: list[int] = []
 
     class _Logs(TrainerCallback):
         def on_log(self, args, state, control, logs=None, **kw):
@@ -1123,10 +1130,13 @@ def train_agent(questions: Sequence[Question], retriever: Any, model: Any, token
             if spent[0]:
                 control.should_training_stop = True
                 control.should_save = True
+                budget_spent.append(state.global_step)
 
         def on_save(self, args, state, control, model=None, processing_class=None, **kw):
             folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
-            _save_checkpoint(folder, trainer, tokenizer, {**manifest_base, "steps": state.global_step})
+            last = state.global_step >= state.max_steps or bool(budget_spent)
+            _save_checkpoint(folder, trainer, tokenizer, {**manifest_base, "steps": state.global_step},
+                             merged=last or settings.merged_checkpoints == "every")
 
     if settings.attn_implementation and hasattr(model, "set_attn_implementation"):
         model.set_attn_implementation(settings.attn_implementation)  # the rollouts ask for no attention weights
@@ -1139,19 +1149,28 @@ def train_agent(questions: Sequence[Question], retriever: Any, model: Any, token
     # once (autocast would cast them at every forward, and again when checkpointing recomputes one)
     trainer.cast_frozen = bool(autocast) and not on_gpu and processes == 1
     last = _last_checkpoint(out)
-    trainer.train(resume_from_checkpoint=str(last) if last is not None else None)
+    if last is not None and _checkpoint_step(last) >= settings.steps:
+        # a finished run: TRL's loop would take one more step before it looks at max_steps
+        trainer._load_from_checkpoint(str(last))
+        trainer.state.global_step = _checkpoint_step(last)
+    else:
+        trainer.train(resume_from_checkpoint=str(last) if last is not None else None)
     final = _last_checkpoint(out)
     if final is None or _checkpoint_step(final) != trainer.state.global_step:
         final = out / TRAINER_DIR / f"checkpoint-{trainer.state.global_step}"
         trainer.save_model(str(final))
         _save_checkpoint(final, trainer, tokenizer, {**manifest_base, "steps": trainer.state.global_step})
+    elif not (final / MERGED).is_dir():  # a run resumed at its last step: the checkpoint's merged copy now
+        _save_checkpoint(final, trainer, tokenizer, {**manifest_base, "steps": trainer.state.global_step})
     rollouts.trainer = trainer  # type: ignore[attr-defined]  # for tests and the caller's inspection
     return TrainReport(out, int(trainer.state.global_step), final / MERGED, tuple(log))
 
 
-def _save_checkpoint(folder: Path, trainer: Any, tokenizer: Any, manifest: dict[str, Any]) -> None:
-    """Beside TRL's checkpoint files: `merged/` (the full model, adapter merged in, safetensors and
-    the tokenizer: a folder `--llm hf:PATH` loads) and the manifest with the merged model's hash.
+def _save_checkpoint(folder: Path, trainer: Any, tokenizer: Any, manifest: dict[str, Any],
+                     merged: bool = True) -> None:
+    """Beside TRL's checkpoint files: the adapter, `merged/` unless `merged` is false (the full model,
+    adapter merged in, safetensors and the tokenizer: a folder `--llm hf:PATH` loads) and the manifest
+    with the merged model's hash (None without one).
     Every process takes part in gathering a sharded model's weights (ZeRO-3 / FSDP); the main
     process alone writes."""
     import copy
@@ -1161,21 +1180,25 @@ def _save_checkpoint(folder: Path, trainer: Any, tokenizer: Any, manifest: dict[
     accelerator = trainer.accelerator
     inner = accelerator.unwrap_model(trainer.model)
     adapter = hasattr(inner, "merge_and_unload")
-    state = None if adapter else accelerator.get_state_dict(trainer.model_wrapped)  # collective when sharded
+    # collective when sharded: every process (the flag is the same in all of them)
+    state = None if adapter or not merged else accelerator.get_state_dict(trainer.model_wrapped)
     if not accelerator.is_main_process:
         accelerator.wait_for_everyone()
         return
     folder.mkdir(parents=True, exist_ok=True)
-    merged = folder / MERGED
+    target = folder / MERGED
     if adapter:
-        full = copy.deepcopy(inner).merge_and_unload()
         inner.save_pretrained(str(folder / "adapter"))
-        full.save_pretrained(str(merged), safe_serialization=True)
+    if merged and adapter:
+        full = copy.deepcopy(inner).merge_and_unload()
+        full.save_pretrained(str(target), safe_serialization=True)
         del full
-    else:
-        inner.save_pretrained(str(merged), state_dict=state, safe_serialization=True)
-    tokenizer.save_pretrained(str(merged))
-    record = {**manifest, "merged": str(merged), "merged_sha256": folder_sha256(merged),
+    elif merged:
+        inner.save_pretrained(str(target), state_dict=state, safe_serialization=True)
+    if merged:
+        tokenizer.save_pretrained(str(target))
+    record = {**manifest, "merged": str(target) if merged else None,
+              "merged_sha256": folder_sha256(target) if merged else None,
               "adapter": str(folder / "adapter") if (folder / "adapter").exists() else None,
               "saved": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     (folder / MANIFEST).write_text(json.dumps(record, indent=2, default=str) + "\n")
