@@ -11,6 +11,7 @@ import math
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -308,6 +309,19 @@ def test_plot_reads_the_log(tmp_path):
         {"step": 2, "rewards/outcome/mean": 0.4, "rewards/reward/mean": 0.43, "searches": 1.2}]) + "\n")
     png = plot_curves(tmp_path)
     assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_training_table_prints_a_row_a_step(tmp_path):
+    """scripts/training-table: one Markdown row a step (a resumed step's last record), a minus sign."""
+    (tmp_path / "log.jsonl").write_text("\n".join(json.dumps(r) for r in [
+        {"step": 1, "reward": 0.5, "rewards/outcome/mean": 0.6},
+        {"step": 1, "reward": -0.012, "rewards/outcome/mean": 0.0, "reward_std": 0.004, "step_time": 201.4},
+        {"step": 2, "reward": 0.208, "rewards/outcome/mean": 0.2, "invalid_actions": 1.2}]) + "\n")
+    script = Path(__file__).parents[1] / "scripts" / "training-table"
+    out = subprocess.run([sys.executable, str(script), str(tmp_path), "--no-header"], capture_output=True,
+                         text=True, check=True).stdout.splitlines()
+    assert out == ["| 1 | −0.012 | 0.00 | – | 0.004 | – | – | – | – | – | 201 |",
+                   "| 2 | 0.208 | 0.20 | – | – | 1.2 | – | – | – | – | – |"]
 
 
 # ----------------------------------------------------------------------------- data and the command
