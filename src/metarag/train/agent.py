@@ -1471,6 +1471,7 @@ def trainable(model: Any) -> Any:
 
 
 # ---------------------------------------------------------------------------------------- plot
+SMOOTH_STEPS = 10
 CURVES = (("accuracy (EM)", ("rewards/outcome/mean",)),
           ("reward", ("rewards/reward/mean", "rewards/consistency/mean")),
           ("per rollout", ("searches", "invalid_actions")),
@@ -1509,7 +1510,8 @@ def reward_trend(records: Sequence[dict[str, Any]], window: int = 20, key: str =
 
 def plot_curves(out_dir: str | Path, file: str | Path | None = None) -> Path:
     """The training curves of the paper's Figure 3 (accuracy, rewards, searches, under-search rate)
-    per step, from the run's log, as a PNG (default `out_dir/curves.png`)."""
+    per step, from the run's log, as a PNG (default `out_dir/curves.png`); past 20 steps each curve
+    also as the mean of its last 10 steps (one question a step makes the raw points jump)."""
     try:
         import matplotlib
 
@@ -1525,11 +1527,18 @@ def plot_curves(out_dir: str | Path, file: str | Path | None = None) -> Path:
             points = [(r["step"], r[key]) for r in records if isinstance(r.get(key), (int, float))
                       and not math.isnan(r[key])]
             if points:
-                ax.plot(*zip(*points), marker="o", label=key.removeprefix("rewards/").removesuffix("/mean"))
+                label = key.removeprefix("rewards/").removesuffix("/mean")
+                line, = ax.plot(*zip(*points), marker="o", markersize=3, linewidth=0.6, alpha=0.45, label=label)
+                if len(points) >= 2 * SMOOTH_STEPS:  # one question a step is noisy: the mean of the last 10 too
+                    values = [v for _, v in points]
+                    smooth = [sum(values[i + 1 - SMOOTH_STEPS:i + 1]) / SMOOTH_STEPS
+                              for i in range(SMOOTH_STEPS - 1, len(values))]
+                    ax.plot([x for x, _ in points][SMOOTH_STEPS - 1:], smooth, color=line.get_color(), linewidth=2,
+                            label=f"{label}, mean of {SMOOTH_STEPS}")
         ax.set_title(title)
         ax.set_xlabel("step")
-        if len(keys) > 1:
-            ax.legend(fontsize=7)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=6)
     fig.tight_layout()
     fig.savefig(target, dpi=110)
     plt.close(fig)
