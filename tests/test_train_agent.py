@@ -309,6 +309,11 @@ def test_plot_reads_the_log(tmp_path):
         {"step": 2, "rewards/outcome/mean": 0.4, "rewards/reward/mean": 0.43, "searches": 1.2}]) + "\n")
     png = plot_curves(tmp_path)
     assert png.read_bytes()[:4] == b"\x89PNG"
+    # past 20 steps, the 10-step means are drawn too (a step without over-search has no point)
+    (tmp_path / "log.jsonl").write_text("\n".join(json.dumps(
+        {"step": n, "rewards/reward/mean": n / 25, "over_search_rate": float("nan") if n % 3 else 0.5})
+        for n in range(1, 26)) + "\n")
+    assert plot_curves(tmp_path, tmp_path / "long.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_training_table_prints_a_row_a_step(tmp_path):
