@@ -12,16 +12,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 from pathlib import Path
 
 import numpy as np
-
-# PEFT module name -> GGUF tensor name (llama.cpp's Qwen2 names)
-MODULES = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-           "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-           "mlp.down_proj": "ffn_down"}
-KEY = re.compile(r"model\.layers\.(\d+)\.(.+)\.lora_A\.weight$")
 
 
 def main() -> None:
@@ -35,10 +28,11 @@ def main() -> None:
     from gguf.quants import dequantize
     from safetensors.numpy import load_file
 
-    from metarag.llm.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS, adapter_folder
+    from metarag.llm.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS, PEFT_KEY, PEFT_TO_GGUF, adapter_folder
     from metarag.llm.models import embedded_model, ensure_gguf
 
     tensors = {t.name: t for t in GGUFReader(str(ensure_gguf(embedded_model(args.model)))).tensors}
+    layers = None if args.layers == "all" else {int(x) for x in args.layers.split(",")}
     norms: dict[str, float] = {}  # the base weights' norms, read once for all checkpoints
     print("| checkpoint | matrices | median ‖ΔW‖/‖W‖ | max ‖ΔW‖/‖W‖ | max abs B |")
     print("|---|---:|---:|---:|---:|")
@@ -49,15 +43,15 @@ def main() -> None:
         weights = load_file(str(folder / ADAPTER_WEIGHTS))
         ratios = []
         for key, a in weights.items():
-            match = KEY.search(key)
-            if not match or match.group(2) not in MODULES:
+            match = PEFT_KEY.match(key)
+            if not match or match.group(3) != "A" or match.group(2) not in PEFT_TO_GGUF:
                 continue
             layer = int(match.group(1))
-            if args.layers != "all" and layer not in {int(x) for x in args.layers.split(",")}:
+            if layers is not None and layer not in layers:
                 continue
             b = weights[key.replace("lora_A", "lora_B")].astype(np.float64)
             delta = scale * (b @ a.astype(np.float64))
-            name = f"blk.{layer}.{MODULES[match.group(2)]}.weight"
+            name = f"blk.{layer}.{PEFT_TO_GGUF[match.group(2)]}.weight"
             if name not in norms:
                 t = tensors[name]
                 norms[name] = float(np.linalg.norm(dequantize(t.data, t.tensor_type).astype(np.float64)))

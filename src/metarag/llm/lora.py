@@ -33,13 +33,13 @@ ADAPTER_WEIGHTS = "adapter_model.safetensors"
 # architectures whose GGUF attention weights keep Hugging Face's row order (no q / k permutation)
 UNPERMUTED_ARCHS = frozenset({"qwen2", "qwen3"})
 # Hugging Face module path inside a decoder layer -> the GGUF tensor's name inside block N
-_MODULES = {
+PEFT_TO_GGUF = {
     "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
     "self_attn.o_proj": "attn_output",
     "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
 }
 # PEFT's key: base_model.model.model.layers.N.<module>.lora_A.weight (the adapter name left out on save)
-_PEFT_KEY = re.compile(r"^(?:base_model\.model\.)?model\.layers\.(\d+)\.(.+)\.lora_([AB])\.weight$")
+PEFT_KEY = re.compile(r"^(?:base_model\.model\.)?model\.layers\.(\d+)\.(.+)\.lora_([AB])\.weight$")
 
 
 def adapter_folder(path: str | os.PathLike[str]) -> Path:
@@ -120,11 +120,11 @@ def convert_peft_adapter(folder: str | os.PathLike[str], base_gguf: str | os.Pat
     shapes = {t.name: tuple(int(n) for n in t.shape) for t in base.tensors}  # GGUF order: innermost first
     pairs: dict[str, dict[str, np.ndarray]] = {}
     for key, value in load_file(str(folder / ADAPTER_WEIGHTS)).items():
-        match = _PEFT_KEY.match(key)
-        if not match or match.group(2) not in _MODULES:
+        match = PEFT_KEY.match(key)
+        if not match or match.group(2) not in PEFT_TO_GGUF:
             raise DataError(f"adapter tensor {key!r} adapts a module llama.cpp has no tensor for "
-                            f"(known: {', '.join(_MODULES)})", path=str(folder / ADAPTER_WEIGHTS))
-        name = f"blk.{match.group(1)}.{_MODULES[match.group(2)]}.weight"
+                            f"(known: {', '.join(PEFT_TO_GGUF)})", path=str(folder / ADAPTER_WEIGHTS))
+        name = f"blk.{match.group(1)}.{PEFT_TO_GGUF[match.group(2)]}.weight"
         pairs.setdefault(name, {})[match.group(3)] = value.astype(np.float32)
     if not pairs:
         raise DataError("the adapter holds no LoRA tensors", path=str(folder / ADAPTER_WEIGHTS))
