@@ -329,6 +329,21 @@ def test_training_table_prints_a_row_a_step(tmp_path):
                    "| 2 | 0.208 | 0.20 | – | – | 1.2 | – | – | – | – | – |"]
 
 
+def test_training_table_windows_average_steps_and_count_signal_groups(tmp_path):
+    """--windows W: a row per run and full W-step window (a short last one left out), the steps' means,
+    and the steps whose group's reward spread says some rollouts were right; a log file works as a run."""
+    log = tmp_path / "try-log.jsonl"
+    log.write_text("\n".join(json.dumps({"step": s, "reward": s / 10, "reward_std": 0.5 if s in (2, 3) else 0.005,
+                                         "grad_norm": 1.0}) for s in range(1, 6)) + "\n")
+    script = Path(__file__).parents[1] / "scripts" / "training-table"
+    out = subprocess.run([sys.executable, str(script), str(log), "--windows", "2", "--no-header"],
+                         capture_output=True, text=True, check=True).stdout.splitlines()
+    assert out == ["| try | 1–2 | 0.150 | – | – | – | – | – | 0.253 | 1.00 | 1 of 2 |",
+                   "| try | 3–4 | 0.350 | – | – | – | – | – | 0.253 | 1.00 | 1 of 2 |"]
+    two = subprocess.run([sys.executable, str(script), str(log), str(log)], capture_output=True, text=True)
+    assert two.returncode == 2 and "only with --windows" in two.stderr
+
+
 # ----------------------------------------------------------------------------- data and the command
 def test_evaluation_splits_are_refused(tmp_path):
     for name in ("hotpotqa-train100", "musique-train100", "demo"):

@@ -1480,8 +1480,10 @@ CURVES = (("accuracy (EM)", ("rewards/outcome/mean",)),
 
 def read_log(out_dir: str | Path) -> list[dict[str, Any]]:
     """The per-step records of a training run (one JSON object a line), the last record of a step
-    winning (a resumed run re-logs nothing before its checkpoint)."""
-    path = Path(out_dir).expanduser() / LOG_FILE
+    winning (a resumed run re-logs nothing before its checkpoint). `out_dir` is the run's folder, or
+    a copy of its log file itself (docs/training-runs/*-log.jsonl)."""
+    path = Path(out_dir).expanduser()
+    path = path if path.suffix == ".jsonl" and not path.is_dir() else path / LOG_FILE
     if not path.exists():
         raise DataError("no training log (log.jsonl) in the folder: train first", path=str(path))
     by_step: dict[int, dict[str, Any]] = {}
