@@ -783,3 +783,16 @@ def test_think_prefix_reaches_the_rollouts_agent_and_a_run_resumes_only_with_the
     _check_resumable(tmp_path, {"method": "belief-agent", "think_prefix": True})
     with pytest.raises(ConfigError, match="another think_prefix"):  # trained with it, resumed without
         _check_resumable(tmp_path, {"method": "belief-agent"})
+
+
+def test_training_table_trend_reads_each_measure_last_minus_first(tmp_path):
+    """--trend W: each measure's last W steps − first W with its interval; one too short is left out."""
+    (tmp_path / "log.jsonl").write_text("\n".join(json.dumps(
+        {"step": s, "rewards/reward/mean": 0.0 if s <= 3 else 1.0, "invalid_actions": 2.0 - (s > 3),
+         "grad_norm": 0.5 if s < 2 else None}) for s in range(1, 7)) + "\n")
+    script = Path(__file__).parents[1] / "scripts" / "training-table"
+    out = subprocess.run([sys.executable, str(script), str(tmp_path), "--trend", "3", "--no-header"],
+                         capture_output=True, text=True, check=True).stdout.splitlines()
+    name = tmp_path.name
+    assert out == [f"| {name} | reward | 1.000 | 1.000 .. 1.000 |",
+                   f"| {name} | invalid / rollout | −1.00 | −1.00 .. −1.00 |"]
