@@ -104,5 +104,5 @@ def test_no_replies_and_replies_without_ids_are_refused(setup):
     step = traces[1].steps[0]
     bad = Trace("q3", "?", "belief-agent", (Generate(Usage(), STEP_PURPOSE, step.prompt, "Dijon",
                                                      (TokenLogprob("Dijon", -1.0),)),))
-    with pytest.raises(DataError, match="q3.*token ids"):
+    with pytest.raises(DataError, match="q3.*no token ids"):
         trace_replies([bad], llm)

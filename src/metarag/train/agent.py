@@ -323,28 +323,12 @@ def rollout_sample(trace: Trace, llm: Any) -> RolloutSample:
       sampled from. The sequence is then n steps packed in one row, sharing the rollout's advantage
       (one row per rollout keeps TRL's groups of G; verl-agent's per-step samples, packed).
     A trace with no generation (it failed first) gets one masked end-of-sequence token."""
-    from metarag.llm.base import prompt_text
-
     generations = step_generations(trace)
     eos = _eos_id(llm)
     if not generations:
         return RolloutSample((eos,), (eos,), (0,), (0.0,), (), (), (1,))
 
-    def context(g: Generate) -> list[int]:
-        if g.prompt_ids:
-            return list(g.prompt_ids)
-        return list(llm.tokenize(prompt_text(llm, g.prompt))) if g.prompt else []
-
-    def generated(g: Generate) -> tuple[list[int], list[float]]:
-        tokens = g.logprobs or ()
-        if not tokens and g.text:
-            raise DataError(f"trace of question {trace.question_id!r}: a decision step recorded without its "
-                            "tokens; the agent asks with logprobs=1")
-        if any(t.id is None for t in tokens):
-            raise DataError(f"trace of question {trace.question_id!r}: the back-end returned no token ids")
-        return [int(t.id) for t in tokens], [float(t.logprob) for t in tokens]
-
-    prompt = context(generations[0])
+    prompt = step_prompt_ids(generations[0], llm)
     sequence = list(prompt)  # what the current segment's next token reads
     completion: list[int] = []
     mask: list[int] = []
@@ -356,7 +340,7 @@ def rollout_sample(trace: Trace, llm: Any) -> RolloutSample:
         if k == 0:
             layout.append(TOKEN_EXACT)
         else:
-            ctx = context(g)
+            ctx = step_prompt_ids(g, llm)
             if ctx[:len(sequence)] == sequence:
                 added, case = ctx[len(sequence):], TOKEN_EXACT
             else:
@@ -372,7 +356,7 @@ def rollout_sample(trace: Trace, llm: Any) -> RolloutSample:
             mask += [0] * len(added)
             logprobs += [0.0] * len(added)
             sequence += added
-        ids, lps = generated(g)
+        ids, lps = step_token_ids(g, trace.question_id)
         spans.append((len(completion), len(completion) + len(ids)))
         positions += range(len(sequence), len(sequence) + len(ids))
         completion += ids
@@ -383,6 +367,27 @@ def rollout_sample(trace: Trace, llm: Any) -> RolloutSample:
         completion, mask, logprobs, positions = [eos], [0], [0.0], [len(prompt)]
     return RolloutSample(tuple(prompt), tuple(completion), tuple(mask), tuple(logprobs), tuple(layout),
                          tuple(spans), tuple(positions))
+
+
+def step_prompt_ids(g: Generate, llm: Any) -> list[int]:
+    """The ids a decision step's prompt was fed as: its recorded `prompt_ids`, or its prompt rendered
+    and tokenized by `llm` (the back-end it ran on)."""
+    from metarag.llm.base import prompt_text
+
+    if g.prompt_ids:
+        return list(g.prompt_ids)
+    return list(llm.tokenize(prompt_text(llm, g.prompt))) if g.prompt else []
+
+
+def step_token_ids(g: Generate, question_id: str) -> tuple[list[int], list[float]]:
+    """The ids and sampled log-probs a decision step generated, as its trace recorded them."""
+    tokens = g.logprobs or ()
+    if not tokens and g.text:
+        raise DataError(f"trace of question {question_id!r}: a decision step recorded without its "
+                        "tokens; the agent asks with logprobs=1")
+    if any(t.id is None for t in tokens):
+        raise DataError(f"trace of question {question_id!r}: the back-end returned no token ids")
+    return [int(t.id) for t in tokens], [float(t.logprob) for t in tokens]
 
 
 def _eos_id(llm: Any) -> int:

@@ -57,20 +57,14 @@ def trace_replies(traces: Iterable[Trace], llm: Any) -> list[Reply]:
     """The decision steps of `traces` as (prompt ids, generated ids), in order. `llm` renders and
     tokenizes each step's prompt as the transformers back-end does; the generated ids are the ones the
     trace recorded (the agent asks with logprobs=1, so each token carries its id)."""
-    from metarag.llm.base import prompt_text
-    from metarag.train.agent import step_generations
+    from metarag.train.agent import step_generations, step_prompt_ids, step_token_ids
 
     replies = []
     for trace in traces:
         for g in step_generations(trace):
-            tokens = g.logprobs or ()
-            if not tokens:
-                continue  # an empty reply: nothing generated, nothing to score
-            if any(t.id is None for t in tokens):
-                raise DataError(f"trace of question {trace.question_id!r}: a reply recorded without token ids "
-                                "(the back-end returned none); the drift needs them")
-            prompt = list(g.prompt_ids) if g.prompt_ids else list(llm.tokenize(prompt_text(llm, g.prompt)))
-            replies.append(Reply(trace.question_id, tuple(prompt), tuple(int(t.id) for t in tokens)))
+            ids, _ = step_token_ids(g, trace.question_id)  # as the trainer reads a rollout's steps
+            if ids:  # an empty reply: nothing generated, nothing to score
+                replies.append(Reply(trace.question_id, tuple(step_prompt_ids(g, llm)), tuple(ids)))
     return replies
 
 
@@ -106,7 +100,7 @@ def policy_drift(model: Any, adapters: Sequence[str], replies: Sequence[Reply]) 
                 s["flips"] += int((trained.argmax(-1) != start_greedy).sum())
                 s["lp"] += float((trained.gather(1, target[:, None])[:, 0] - start_taken).sum())
             tokens += n
-    if was is not None and isinstance(was, str):
+    if isinstance(was, str):
         model.set_adapter(was)
     return [Drift(name, len(replies), tokens, s["kl"] / tokens, s["kl"] / len(replies), s["max"],
                   s["flips"] / tokens, s["lp"] / len(replies)) for name, s in sums.items()]
