@@ -279,10 +279,16 @@ def test_merged_copy_only_at_the_last_checkpoint(tiny, tmp_path):
     assert report.checkpoint == last / MERGED and (last / MERGED / "model.safetensors").exists()
     assert json.loads((last / MANIFEST).read_text())["merged_sha256"]
     written = (last / MERGED / "model.safetensors").read_bytes()
+    generation = json.loads((last / MERGED / "generation_config.json").read_text())
+    assert generation["eos_token_id"] is not None
     shutil.rmtree(last / MERGED)  # as after a run cut off between its last save and its merged copy
     report = train_agent(QUESTIONS, MemoryRetriever(PASSAGES), copy.deepcopy(base), tokenizer, tmp_path, settings)
     # the finished run takes no further step, and its merged copy holds the weights written before
     assert report.steps == 2 and (last / MERGED / "model.safetensors").read_bytes() == written
+    # ... and stops where the trained policy stopped (train() never ran to align the stop tokens)
+    rewritten = json.loads((last / MERGED / "generation_config.json").read_text())
+    assert {k: rewritten.get(k) for k in ("eos_token_id", "pad_token_id")} == \
+        {k: generation.get(k) for k in ("eos_token_id", "pad_token_id")}
     assert not (tmp_path / "trainer" / "checkpoint-3").exists()
     # ... read from the checkpoint (the tiny run's rewards are equal, so its adapter is still the identity:
     # move it, and the merged copy moves too)

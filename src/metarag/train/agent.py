@@ -1196,9 +1196,11 @@ def _save_checkpoint(folder: Path, trainer: Any, tokenizer: Any, manifest: dict[
         inner.save_pretrained(str(folder / "adapter"))
     if merged and adapter:
         full = copy.deepcopy(inner).merge_and_unload()
+        _stop_tokens_from(tokenizer, full)
         full.save_pretrained(str(target), safe_serialization=True)
         del full
     elif merged:
+        _stop_tokens_from(tokenizer, inner)
         inner.save_pretrained(str(target), state_dict=state, safe_serialization=True)
     if merged:
         tokenizer.save_pretrained(str(target))
@@ -1208,6 +1210,26 @@ def _save_checkpoint(folder: Path, trainer: Any, tokenizer: Any, manifest: dict[
               "saved": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     (folder / MANIFEST).write_text(json.dumps(record, indent=2, default=str) + "\n")
     accelerator.wait_for_everyone()
+
+
+def _stop_tokens_from(tokenizer: Any, model: Any) -> None:
+    """Align a model's stop and padding ids with its tokenizer's, as Trainer.train() does before it
+    trains, so that `merged/` is the same folder however it was written: a finished run re-run only
+    to write its missing merged copy never calls train(). transformers' own `align_special_tokens`
+    where it has one (it keeps every end-of-sequence id the config declares, as a list); older
+    versions fill only the ids the generation config lacks."""
+    if tokenizer is None or getattr(model, "generation_config", None) is None:
+        return
+    try:
+        from transformers.trainer_utils import align_special_tokens
+    except ImportError:
+        align_special_tokens = None
+    if align_special_tokens is not None:
+        align_special_tokens(model, tokenizer)
+        return
+    for key in ("eos_token_id", "pad_token_id"):
+        if getattr(model.generation_config, key, None) is None and getattr(tokenizer, key, None) is not None:
+            setattr(model.generation_config, key, int(getattr(tokenizer, key)))
 
 
 def _checkpoint_step(folder: Path) -> int:
