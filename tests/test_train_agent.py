@@ -350,6 +350,27 @@ def test_training_table_windows_average_steps_and_count_signal_groups(tmp_path):
     assert two.returncode == 2 and "only with --windows" in two.stderr
 
 
+def test_training_table_windows_count_groups_from_the_rollout_log(tmp_path):
+    """With the run's rollout log beside it, a step of several questions counts each question's group;
+    a step a resumed run took again (the same rollout seeds) counts its last block of rollouts only."""
+    log = tmp_path / "q4-log.jsonl"
+    log.write_text("\n".join(json.dumps({"step": s, "reward": 0.1, "reward_std": 0.2}) for s in (1, 2)) + "\n")
+
+    def step(number, groups):
+        outcomes = [(q, o) for q, group in groups for o in group]
+        return [{"step": number, "question_id": q, "seed": 100 * number + i, "outcome": o}
+                for i, (q, o) in enumerate(outcomes)]
+
+    rollouts = [*step(1, [("a", [1, 0]), ("b", [0, 0]), ("c", [1, 1])]),
+                *step(2, [("a", [1, 0]), ("b", [1, 0]), ("c", [1, 0])]),  # cut off before its checkpoint ...
+                *step(2, [("a", [0, 0]), ("d", [0, 1]), ("e", [1, 0])])]  # ... and taken again on resuming
+    (tmp_path / "q4-rollouts.jsonl").write_text("\n".join(json.dumps(r) for r in rollouts) + "\n")
+    script = Path(__file__).parents[1] / "scripts" / "training-table"
+    out = subprocess.run([sys.executable, str(script), str(log), "--windows", "1", "--no-header"],
+                         capture_output=True, text=True, check=True).stdout.splitlines()
+    assert [row.rsplit("|", 2)[1].strip() for row in out] == ["1 of 3", "2 of 3"]
+
+
 # ----------------------------------------------------------------------------- data and the command
 def test_evaluation_splits_are_refused(tmp_path):
     for name in ("hotpotqa-train100", "musique-train100", "demo"):
