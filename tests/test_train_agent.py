@@ -322,6 +322,35 @@ def test_plot_reads_the_log(tmp_path):
     assert plot_curves(tmp_path, tmp_path / "long.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def test_training_curves_overlay_several_runs(tmp_path, capsys):
+    """Several runs (a run beside its retry): each panel's lines per run, named by run, the 10-step
+    means past 20 points; a figure of them needs a file, and the command says so."""
+    from metarag.cli import main
+    from metarag.train.agent import training_curves
+
+    first, retry = tmp_path / "first-log.jsonl", tmp_path / "retry"
+    first.write_text("\n".join(json.dumps({"step": n, "rewards/outcome/mean": 0.2, "searches": 1.0})
+                               for n in range(1, 21)) + "\n")
+    retry.mkdir()
+    (retry / "log.jsonl").write_text("\n".join(json.dumps({"step": n, "rewards/outcome/mean": n / 10})
+                                               for n in range(1, 4)) + "\n")
+    curves = training_curves([first, retry])
+    assert [(c.panel, c.run, c.key) for c in curves] == [
+        ("accuracy (EM)", "first", "rewards/outcome/mean"), ("accuracy (EM)", "retry", "rewards/outcome/mean"),
+        ("per rollout", "first", "searches")]
+    assert curves[0].smooth == tuple((n, pytest.approx(0.2)) for n in range(10, 21))
+    assert curves[1].points == ((1, 0.1), (2, 0.2), (3, 0.3)) and curves[1].smooth == ()
+    assert curves[1].label == "retry: outcome" and training_curves([retry])[0].label == "outcome"
+    pytest.importorskip("matplotlib")
+    with pytest.raises(ConfigError, match="PNG file"):
+        plot_curves([first, retry])
+    assert main(["train-agent", "--plot", str(first), str(retry)]) == 1
+    assert "--plot-file" in capsys.readouterr().err
+    assert main(["train-agent", "--plot", str(first), str(retry), "--plot-file", str(tmp_path / "both.png")]) == 0
+    out = capsys.readouterr().out
+    assert (tmp_path / "both.png").read_bytes()[:4] == b"\x89PNG" and "retry: no reward trend yet" in out
+
+
 def test_training_table_prints_a_row_a_step(tmp_path):
     """scripts/training-table: one Markdown row a step (a resumed step's last record), a minus sign."""
     (tmp_path / "log.jsonl").write_text("\n".join(json.dumps(r) for r in [

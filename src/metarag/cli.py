@@ -298,8 +298,10 @@ def _add_train_agent(sub) -> None:
                          "judge_max_tokens); repeatable")
     ta.add_argument("--retriever", default="bm25", choices=RETRIEVERS)
     ta.add_argument("--allow-any", action="store_true", help="allow a --dataset-file not named as a training split")
-    ta.add_argument("--plot", metavar="DIR", help="draw the curves of the training run in DIR (DIR/curves.png) "
-                    "and exit")
+    ta.add_argument("--plot", metavar="RUN", nargs="+", help="draw the curves of the training run in RUN "
+                    "(RUN/curves.png; RUN may be a copy of its log.jsonl) and exit; several runs overlaid in one "
+                    "figure (a run beside its retry or ablation) need --plot-file")
+    ta.add_argument("--plot-file", metavar="PNG", default=None, help="where --plot writes its figure")
     ta.add_argument("--dry-run", action="store_true", help="check everything and print the plan (device, "
                     "precision, LoRA, batch, folders) without loading the model")
     add_llm_args(ta)
@@ -744,17 +746,23 @@ def cmd_train_critic(args: argparse.Namespace) -> int:
 
 
 def cmd_train_agent(args: argparse.Namespace) -> int:
+    if args.plot_file and not args.plot:
+        raise_config("--plot-file names the figure of --plot; give both")
     if args.plot:
         from metarag.errors import DataError
-        from metarag.train.agent import plot_curves, read_log, reward_trend
+        from metarag.train.agent import plot_curves, read_log, reward_trend, run_label
 
-        print(plot_curves(args.plot))
-        try:
-            trend = reward_trend(read_log(args.plot))
-            print(f"reward, mean of the last 20 steps - mean of the first 20: {trend.diff:+.4f} "
-                  f"(95% bootstrap interval {trend.low:+.4f} .. {trend.high:+.4f})")
-        except DataError as exc:
-            print(f"no reward trend yet: {exc}")
+        if len(args.plot) > 1 and not args.plot_file:
+            raise_config(f"--plot with {len(args.plot)} runs draws one figure: give --plot-file PNG")
+        print(plot_curves(args.plot if len(args.plot) > 1 else args.plot[0], args.plot_file))
+        for run in args.plot:
+            name = f"{run_label(run)}: " if len(args.plot) > 1 else ""
+            try:
+                trend = reward_trend(read_log(run))
+                print(f"{name}reward, mean of the last 20 steps - mean of the first 20: {trend.diff:+.4f} "
+                      f"(95% bootstrap interval {trend.low:+.4f} .. {trend.high:+.4f})")
+            except DataError as exc:
+                print(f"{name}no reward trend yet: {exc}")
         return 0
     from metarag.evaluate.harness import DatasetSpec
     from metarag.settings import parse_assignments

@@ -1537,10 +1537,57 @@ def reward_trend(records: Sequence[dict[str, Any]], window: int = 20, key: str =
     return mean_shift(values[:window], values[-window:], seed=seed)
 
 
-def plot_curves(out_dir: str | Path, file: str | Path | None = None) -> Path:
+@dataclass(frozen=True)
+class Curve:
+    """One line of a panel of `plot_curves`: the run it comes from (None when one run is drawn), the
+    logged measure, its points (step, value) and, past 2 x SMOOTH_STEPS points, the mean of each
+    point's last SMOOTH_STEPS (one question a step makes the raw points jump)."""
+
+    panel: str
+    run: str | None
+    key: str
+    points: tuple[tuple[int, float], ...]
+    smooth: tuple[tuple[int, float], ...] = ()
+
+    @property
+    def label(self) -> str:
+        name = self.key.removeprefix("rewards/").removesuffix("/mean")
+        return name if self.run is None else f"{self.run}: {name}"
+
+
+def run_label(run: str | Path) -> str:
+    """A run's name in tables and legends: its folder's name, or X for a log copy X-log.jsonl."""
+    path = Path(run).expanduser()
+    return path.stem.removesuffix("-log") if path.suffix == ".jsonl" else path.name
+
+
+def training_curves(runs: Sequence[str | Path]) -> list[Curve]:
+    """The lines of the paper's Figure 3 panels (`CURVES`) for each run, read from its log: what
+    `plot_curves` draws, in the order it draws them (panel, then run, then measure). Runs are named
+    only when there are several."""
+    logs = [(None if len(runs) == 1 else run_label(run), read_log(run)) for run in runs]
+    curves = []
+    for title, keys in CURVES:
+        for name, records in logs:
+            for key in keys:
+                points = tuple((int(r["step"]), float(r[key])) for r in records
+                               if isinstance(r.get(key), (int, float)) and not math.isnan(r[key]))
+                if not points:
+                    continue
+                values = [v for _, v in points]
+                smooth = tuple((points[i][0], sum(values[i + 1 - SMOOTH_STEPS:i + 1]) / SMOOTH_STEPS)
+                               for i in range(SMOOTH_STEPS - 1, len(values))) \
+                    if len(points) >= 2 * SMOOTH_STEPS else ()
+                curves.append(Curve(title, name, key, points, smooth))
+    return curves
+
+
+def plot_curves(runs: str | Path | Sequence[str | Path], file: str | Path | None = None) -> Path:
     """The training curves of the paper's Figure 3 (accuracy, rewards, searches, under-search rate)
-    per step, from the run's log, as a PNG (default `out_dir/curves.png`); past 20 steps each curve
-    also as the mean of its last 10 steps (one question a step makes the raw points jump)."""
+    per step, from each run's log, as a PNG (`training_curves` gives the lines). One run: its folder
+    (or a log copy) and by default `RUN/curves.png`. Several (a list; `file` then required): every
+    panel overlays them, a colour a run and a line style a measure, each drawn as its 10-step mean
+    where it has one (the raw points faint): a run beside its retry or its ablation."""
     try:
         import matplotlib
 
@@ -1548,22 +1595,32 @@ def plot_curves(out_dir: str | Path, file: str | Path | None = None) -> Path:
         import matplotlib.pyplot as plt
     except ModuleNotFoundError:
         raise MissingDependency("matplotlib", "eval") from None
-    records = read_log(out_dir)
-    target = Path(file) if file is not None else Path(out_dir).expanduser() / CURVES_FILE
+    several = not isinstance(runs, (str, Path))
+    runs = list(runs) if several else [runs]
+    if not runs:
+        raise ConfigError("plot_curves needs a training run")
+    if several and len(runs) > 1 and file is None:
+        raise ConfigError("several runs make one figure: give the PNG file to write")
+    curves = training_curves(runs)
+    target = Path(file) if file is not None else Path(runs[0]).expanduser() / CURVES_FILE
+    colours = {run_label(run): f"C{i}" for i, run in enumerate(runs)}
+    styles = ("-", "--")
     fig, axes = plt.subplots(1, len(CURVES), figsize=(4 * len(CURVES), 3.2))
     for ax, (title, keys) in zip(axes, CURVES):
-        for key in keys:
-            points = [(r["step"], r[key]) for r in records if isinstance(r.get(key), (int, float))
-                      and not math.isnan(r[key])]
-            if points:
-                label = key.removeprefix("rewards/").removesuffix("/mean")
-                line, = ax.plot(*zip(*points), marker="o", markersize=3, linewidth=0.6, alpha=0.45, label=label)
-                if len(points) >= 2 * SMOOTH_STEPS:  # one question a step is noisy: the mean of the last 10 too
-                    values = [v for _, v in points]
-                    smooth = [sum(values[i + 1 - SMOOTH_STEPS:i + 1]) / SMOOTH_STEPS
-                              for i in range(SMOOTH_STEPS - 1, len(values))]
-                    ax.plot([x for x, _ in points][SMOOTH_STEPS - 1:], smooth, color=line.get_color(), linewidth=2,
-                            label=f"{label}, mean of {SMOOTH_STEPS}")
+        for curve in (c for c in curves if c.panel == title):
+            if curve.run is None:  # one run: a colour a measure, its points and their 10-step mean
+                line, = ax.plot(*zip(*curve.points), marker="o", markersize=3, linewidth=0.6, alpha=0.45,
+                                label=curve.label)
+                if curve.smooth:
+                    ax.plot(*zip(*curve.smooth), color=line.get_color(), linewidth=2,
+                            label=f"{curve.label}, mean of {SMOOTH_STEPS}")
+                continue
+            colour, style = colours[curve.run], styles[keys.index(curve.key) % len(styles)]
+            ax.plot(*zip(*curve.points), color=colour, marker="o", markersize=2, linewidth=0,
+                    alpha=0.25 if curve.smooth else 0.6)
+            drawn = curve.smooth or curve.points
+            ax.plot(*zip(*drawn), color=colour, linestyle=style, linewidth=1.8 if curve.smooth else 0.8,
+                    label=curve.label + (f", mean of {SMOOTH_STEPS}" if curve.smooth else ""))
         ax.set_title(title)
         ax.set_xlabel("step")
         if ax.get_legend_handles_labels()[0]:
