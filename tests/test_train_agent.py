@@ -349,6 +349,8 @@ def test_training_curves_overlay_several_runs(tmp_path, capsys):
     assert main(["train-agent", "--plot", str(first), str(retry), "--plot-file", str(tmp_path / "both.png")]) == 0
     out = capsys.readouterr().out
     assert (tmp_path / "both.png").read_bytes()[:4] == b"\x89PNG" and "retry: no reward trend yet" in out
+    assert main(["train-agent", "--plot", str(first)]) == 0  # a log copy: its figure beside it
+    assert (tmp_path / "first-curves.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_training_table_prints_a_row_a_step(tmp_path):

@@ -299,8 +299,8 @@ def _add_train_agent(sub) -> None:
     ta.add_argument("--retriever", default="bm25", choices=RETRIEVERS)
     ta.add_argument("--allow-any", action="store_true", help="allow a --dataset-file not named as a training split")
     ta.add_argument("--plot", metavar="RUN", nargs="+", help="draw the curves of the training run in RUN "
-                    "(RUN/curves.png; RUN may be a copy of its log.jsonl) and exit; several runs overlaid in one "
-                    "figure (a run beside its retry or ablation) need --plot-file")
+                    "(RUN/curves.png; or a copy X-log.jsonl of its log: X-curves.png beside it) and exit; "
+                    "several runs overlaid in one figure (a run beside its retry or ablation) need --plot-file")
     ta.add_argument("--plot-file", metavar="PNG", default=None, help="where --plot writes its figure")
     ta.add_argument("--dry-run", action="store_true", help="check everything and print the plan (device, "
                     "precision, LoRA, batch, folders) without loading the model")
@@ -754,7 +754,7 @@ def cmd_train_agent(args: argparse.Namespace) -> int:
 
         if len(args.plot) > 1 and not args.plot_file:
             raise_config(f"--plot with {len(args.plot)} runs draws one figure: give --plot-file PNG")
-        print(plot_curves(args.plot if len(args.plot) > 1 else args.plot[0], args.plot_file))
+        print(plot_curves(args.plot, args.plot_file))
         for run in args.plot:
             name = f"{run_label(run)}: " if len(args.plot) > 1 else ""
             try:

@@ -1222,14 +1222,12 @@ def _stop_tokens_from(tokenizer: Any, model: Any) -> None:
         return
     try:
         from transformers.trainer_utils import align_special_tokens
-    except ImportError:
-        align_special_tokens = None
-    if align_special_tokens is not None:
-        align_special_tokens(model, tokenizer)
+    except ImportError:  # an older transformers
+        for key in ("eos_token_id", "pad_token_id"):
+            if getattr(model.generation_config, key, None) is None and getattr(tokenizer, key, None) is not None:
+                setattr(model.generation_config, key, int(getattr(tokenizer, key)))
         return
-    for key in ("eos_token_id", "pad_token_id"):
-        if getattr(model.generation_config, key, None) is None and getattr(tokenizer, key, None) is not None:
-            setattr(model.generation_config, key, int(getattr(tokenizer, key)))
+    align_special_tokens(model, tokenizer)
 
 
 def _checkpoint_step(folder: Path) -> int:
@@ -1585,9 +1583,10 @@ def training_curves(runs: Sequence[str | Path]) -> list[Curve]:
 def plot_curves(runs: str | Path | Sequence[str | Path], file: str | Path | None = None) -> Path:
     """The training curves of the paper's Figure 3 (accuracy, rewards, searches, under-search rate)
     per step, from each run's log, as a PNG (`training_curves` gives the lines). One run: its folder
-    (or a log copy) and by default `RUN/curves.png`. Several (a list; `file` then required): every
-    panel overlays them, a colour a run and a line style a measure, each drawn as its 10-step mean
-    where it has one (the raw points faint): a run beside its retry or its ablation."""
+    (by default `RUN/curves.png`) or a log copy X-log.jsonl (by default X-curves.png beside it).
+    Several (a list; `file` then required): every panel overlays them, a colour a run and a line
+    style a measure, each drawn as its 10-step mean where it has one (the raw points faint): a run
+    beside its retry or its ablation."""
     try:
         import matplotlib
 
@@ -1602,7 +1601,9 @@ def plot_curves(runs: str | Path | Sequence[str | Path], file: str | Path | None
     if several and len(runs) > 1 and file is None:
         raise ConfigError("several runs make one figure: give the PNG file to write")
     curves = training_curves(runs)
-    target = Path(file) if file is not None else Path(runs[0]).expanduser() / CURVES_FILE
+    first = Path(runs[0]).expanduser()
+    target = Path(file) if file is not None else \
+        first.with_name(f"{run_label(first)}-{CURVES_FILE}") if first.suffix == ".jsonl" else first / CURVES_FILE
     colours = {run_label(run): f"C{i}" for i, run in enumerate(runs)}
     styles = ("-", "--")
     fig, axes = plt.subplots(1, len(CURVES), figsize=(4 * len(CURVES), 3.2))
