@@ -2,6 +2,7 @@
 import pytest
 
 from metarag.errors import BackendError
+from metarag.llm.base import Decoding
 from metarag.llm.scripted import ScriptedLLM
 from metarag.methods.runner import Runtime, run
 from metarag.policy.actions import Ask, Note, Probe, Search
@@ -38,6 +39,27 @@ def test_runner_records_each_action_and_sums_usage(corpus):
     assert usage.completion_tokens == 1
     assert usage.prompt_tokens == sum(s.usage.prompt_tokens for s in trace.steps)
     assert usage.prompt_tokens > 0
+
+
+def test_a_generation_cut_at_max_tokens_is_marked_in_the_trace_and_its_json():
+    from metarag.records import from_plain, to_plain
+
+    class TwoAsks:
+        name = "two-asks"
+
+        def policy(self, question):
+            yield Ask("reason", (Message("user", "Think."),), Decoding(max_tokens=3, stop=("</s>",)))
+            out = yield Ask("answer", (Message("user", "Answer."),), Decoding(max_tokens=8, stop=("</s>",)))
+            return out.text
+
+    llm = ScriptedLLM([("Think", "one two three four five"), ("Answer", "Dijon </s> more")])
+    trace = run(TwoAsks(), Q, Runtime(llm, None))
+    reason, answer = [s for s in trace.steps if isinstance(s, Generate)]
+    assert reason.cut and not answer.cut  # max_tokens ran out vs. the stop string fired
+    plain = to_plain(trace)
+    kept = [s for s in plain["steps"] if s["kind"] == "generate"]
+    assert kept[0]["cut"] is True and "cut" not in kept[1]  # unchanged JSON for an uncut reply
+    assert from_plain(type(trace), plain) == trace
 
 
 def test_runner_records_a_failure_with_the_steps_before_it(corpus):

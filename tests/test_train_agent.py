@@ -20,7 +20,8 @@ from metarag.llm.scripted import ScriptedLLM
 from metarag.methods.registry import build_method
 from metarag.methods.runner import Runtime, Sampling, run_many
 from metarag.methods.search_agent import INFORMATION_BLOCK, format_information
-from metarag.records import Passage, Question, Retrieve
+from metarag.policy.agent_trace import STEP_PURPOSE
+from metarag.records import Generate, Passage, Question, Retrieve
 from metarag.retrieve.memory import MemoryRetriever
 from metarag.train.agent import (
     FRESH_PROMPT,
@@ -208,6 +209,10 @@ def test_training_end_to_end_checkpoint_resume_and_eval(tiny, tmp_path, monkeypa
     assert [x["question_id"] for x in lines] == [q.id for q in step1["questions"]]
     assert [x["answer"] for x in lines] == [t.answer for t in step1["traces"]]
     assert all(x["actions"] and set(x["actions"]) <= {"search", "answer", "invalid"} for x in lines)
+    # replies cut at step_max_tokens: per rollout in the log, their share of the step's replies as a metric
+    replies = [[s for s in t.steps if isinstance(s, Generate) and s.purpose == STEP_PURPOSE] for t in step1["traces"]]
+    assert [x["cut"] for x in lines] == [sum(s.cut for s in r) for r in replies]
+    assert log[0]["cut_replies"] == pytest.approx(sum(x["cut"] for x in lines) / sum(map(len, replies)))
     # the checkpoint: TRL's files, the merged model, the manifest
     checkpoint = out / "trainer" / "checkpoint-1"
     manifest = json.loads((checkpoint / MANIFEST).read_text())
@@ -364,6 +369,13 @@ def test_training_table_prints_a_row_a_step(tmp_path):
                          text=True, check=True).stdout.splitlines()
     assert out == ["| 1 | −0.012 | 0.00 | – | 0.004 | – | – | – | – | – | 201 |",
                    "| 2 | 0.208 | 0.20 | – | – | 1.2 | – | – | – | – | – |"]
+    # a measure later runs log (the replies cut at the token budget) has its column only where logged
+    with (tmp_path / "log.jsonl").open("a") as f:
+        f.write(json.dumps({"step": 3, "reward": 0.1, "invalid_actions": 0.8, "cut_replies": 0.25}) + "\n")
+    out = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True, text=True,
+                         check=True).stdout.splitlines()
+    assert "| replies cut |" in out[0] and out[-1] == "| 3 | 0.100 | – | – | – | 0.8 | 0.25 | – | – | – | – | – |"
+    assert out[2].startswith("| 1 | −0.012 | 0.00 | – | 0.004 | – | – |")
 
 
 def test_training_table_windows_average_steps_and_count_signal_groups(tmp_path):

@@ -216,6 +216,9 @@ class Generate(Step):
     prompt_ids: tuple[int, ...] | None = field(default=None, metadata={"omit_default": True})
     # the spec string of the model asked when it is not the run's LLM (`Ask.model`); absent when None
     model: str | None = field(default=None, metadata={"omit_default": True})
+    # the reply ran into its max_tokens (finish_reason "length"): it was cut, not ended by a stop
+    # string or the model; absent when False
+    cut: bool = field(default=False, metadata={"omit_default": True})
 
 
 @dataclass(frozen=True)

@@ -322,7 +322,8 @@ def _generated(action: Ask, completion: Completion) -> tuple[list[Step], Complet
     # per-token data only when the request asked for it: traces stay small
     tokens = completion.tokens if action.decoding.wants_tokens else None
     prompt, ids = _recorded_prompt(action.prompt)
-    return [Generate(completion.usage, action.purpose, prompt, completion.text, tokens, ids, action.model or None)], \
+    return [Generate(completion.usage, action.purpose, prompt, completion.text, tokens, ids, action.model or None,
+                     completion.finish_reason == "length")], \
         completion
 
 

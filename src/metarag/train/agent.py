@@ -425,6 +425,20 @@ def rollout_seconds(traces: Sequence[Trace]) -> dict[str, float]:
     return out
 
 
+def _decision_replies(trace: Trace) -> list[Generate]:
+    return [s for s in trace.steps if isinstance(s, Generate) and s.purpose == STEP_PURPOSE]
+
+
+def cut_share(traces: Sequence[Trace]) -> float:
+    """The share of the step's decision replies cut at `step_max_tokens` (`Generate.cut`), over the
+    rollouts that ran; NaN without one. A cut reply rarely holds a closed action, so it is mostly an
+    invalid step: this says how many of the invalid steps are the budget's, not the format's. (TRL's
+    `completions/clipped_ratio` cannot say: it counts completions without EOS, and every rollout here
+    ends at a stop string.)"""
+    replies = [s for t in traces if t.error is None for s in _decision_replies(t)]
+    return sum(s.cut for s in replies) / len(replies) if replies else math.nan
+
+
 def prompt_tokens(llm: Any) -> dict[str, float]:
     """The step's prompt tokens the rollouts' back-end ran through the model ("computed") and took
     from its stored key/value states ("reused", `HFSettings.prefix_cache_tokens`); empty for a
@@ -601,6 +615,7 @@ class AgentRollouts:
                "rollout_under_search": under.under_search_rate,
                "rollout_over_search": under.over_search_rate,
                "rollout_failed": len(failed) / len(traces),
+               "rollout_cut": cut_share(traces),
                "rollout_seconds": rollout_seconds(traces),
                "rollout_prompt_tokens": prompt_tokens(llm)}
         if any(s.packed for s in samples):
@@ -628,7 +643,8 @@ class AgentRollouts:
                     "outcome": None if reward is None else reward.outcome,
                     "consistency": None if reward is None else reward.consistency,
                     "penalty": None if reward is None else reward.penalty,
-                    "actions": [s.action for s in agent_steps(trace)] if trace.error is None else []}) + "\n")
+                    "actions": [s.action for s in agent_steps(trace)] if trace.error is None else [],
+                    "cut": sum(s.cut for s in _decision_replies(trace))}) + "\n")
 
     def _autocast(self, model: Any) -> bool:
         """Whether rollouts run under bf16 autocast: in the bf16-autocast precision, as training does."""
@@ -695,7 +711,7 @@ def reward_columns() -> tuple[list[Callable[..., list]], list[float]]:
 
     def reward(prompts, completions, rollout_reward, log_metric=None, rollout_layout=None,
                rollout_under_search=None, rollout_over_search=None, rollout_failed=None, rollout_seconds=None,
-               rollout_prompt_tokens=None, **_):
+               rollout_prompt_tokens=None, rollout_cut=None, **_):
         scored = [r for r in rollout_reward if r is not None]
         if log_metric is not None:
             for part, seconds in (rollout_seconds[0] if rollout_seconds else {}).items():
@@ -703,6 +719,8 @@ def reward_columns() -> tuple[list[Callable[..., list]], list[float]]:
             for part, tokens in (rollout_prompt_tokens[0] if rollout_prompt_tokens else {}).items():
                 log_metric(f"prompt_tokens/{part}", tokens)
             log_metric("failed_rollouts", rollout_failed[0] if rollout_failed else 0.0)
+            if rollout_cut and not math.isnan(rollout_cut[0]):
+                log_metric("cut_replies", rollout_cut[0])
             if scored:
                 log_metric("searches", sum(r.searches for r in scored) / len(scored))
                 log_metric("invalid_actions", sum(r.invalid_actions for r in scored) / len(scored))
