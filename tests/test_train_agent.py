@@ -358,6 +358,21 @@ def test_training_curves_overlay_several_runs(tmp_path, capsys):
     assert (tmp_path / "first-curves.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def test_run_labels_tell_same_named_runs_apart(tmp_path):
+    """Two runs' folders of one name get their parents in front (each its own lines in a figure);
+    a run given twice is numbered; distinct names stay as they are."""
+    from metarag.train.agent import run_labels, training_curves
+
+    assert run_labels(["x/first-log.jsonl", "y/retry"]) == ["first", "retry"]
+    assert run_labels(["a/q4/run", "b/q4/run", "c"]) == ["a/q4/run", "b/q4/run", "c"]
+    assert run_labels(["a/run", "a/run"]) == ["a/run #1", "a/run #2"]
+    for name in ("a", "b"):
+        (tmp_path / name / "run").mkdir(parents=True)
+        (tmp_path / name / "run" / "log.jsonl").write_text(json.dumps({"step": 1, "rewards/outcome/mean": 0.5}) + "\n")
+    curves = training_curves([tmp_path / "a" / "run", tmp_path / "b" / "run"])
+    assert [c.run for c in curves] == ["a/run", "b/run"]
+
+
 def test_training_table_prints_a_row_a_step(tmp_path):
     """scripts/training-table: one Markdown row a step (a resumed step's last record), a minus sign."""
     (tmp_path / "log.jsonl").write_text("\n".join(json.dumps(r) for r in [

@@ -750,13 +750,13 @@ def cmd_train_agent(args: argparse.Namespace) -> int:
         raise_config("--plot-file names the figure of --plot; give both")
     if args.plot:
         from metarag.errors import DataError
-        from metarag.train.agent import plot_curves, read_log, reward_trend, run_label
+        from metarag.train.agent import plot_curves, read_log, reward_trend, run_labels
 
         if len(args.plot) > 1 and not args.plot_file:
             raise_config(f"--plot with {len(args.plot)} runs draws one figure: give --plot-file PNG")
         print(plot_curves(args.plot, args.plot_file))
-        for run in args.plot:
-            name = f"{run_label(run)}: " if len(args.plot) > 1 else ""
+        for run, label in zip(args.plot, run_labels(args.plot)):
+            name = f"{label}: " if len(args.plot) > 1 else ""
             try:
                 trend = reward_trend(read_log(run))
                 print(f"{name}reward, mean of the last 20 steps - mean of the first 20: {trend.diff:+.4f} "

@@ -1577,11 +1577,27 @@ def run_label(run: str | Path) -> str:
     return path.stem.removesuffix("-log") if path.suffix == ".jsonl" else path.name
 
 
+def run_labels(runs: Sequence[str | Path]) -> list[str]:
+    """The runs' names for one table or figure: each `run_label`, with as many parent folders in
+    front as it takes for every name to differ (two runs' `trainer` folders, `a/run` and `b/run`),
+    and "#N" after a run given twice."""
+    paths = [Path(run).expanduser() for run in runs]
+    labels = [run_label(p) for p in paths]
+    depth = 0
+    while len(set(labels)) < len(labels) and depth < max((len(p.parts) for p in paths), default=0):
+        depth += 1
+        clashing = {x for x in labels if labels.count(x) > 1}
+        labels = ["/".join([*p.parent.parts[len(p.parent.parts) - depth:], run_label(p)]) if x in clashing else x
+                  for p, x in zip(paths, labels)]
+    return [x if labels.count(x) == 1 else f"{x} #{labels[:i].count(x) + 1}" for i, x in enumerate(labels)]
+
+
 def training_curves(runs: Sequence[str | Path]) -> list[Curve]:
     """The lines of the paper's Figure 3 panels (`CURVES`) for each run, read from its log: what
     `plot_curves` draws, in the order it draws them (panel, then run, then measure). Runs are named
     only when there are several."""
-    logs = [(None if len(runs) == 1 else run_label(run), read_log(run)) for run in runs]
+    names = [None] if len(runs) == 1 else run_labels(runs)
+    logs = [(name, read_log(run)) for name, run in zip(names, runs)]
     curves = []
     for title, keys in CURVES:
         for name, records in logs:
@@ -1622,7 +1638,7 @@ def plot_curves(runs: str | Path | Sequence[str | Path], file: str | Path | None
     first = Path(runs[0]).expanduser()
     target = Path(file) if file is not None else \
         first.with_name(f"{run_label(first)}-{CURVES_FILE}") if first.suffix == ".jsonl" else first / CURVES_FILE
-    colours = {run_label(run): f"C{i}" for i, run in enumerate(runs)}
+    colours = {name: f"C{i}" for i, name in enumerate(run_labels(runs))}
     styles = ("-", "--")
     fig, axes = plt.subplots(1, len(CURVES), figsize=(4 * len(CURVES), 3.2))
     for ax, (title, keys) in zip(axes, CURVES):
