@@ -78,6 +78,8 @@ def make_rerank_run(root: Path) -> Path:
     steps = (Retrieve(Usage(retrieval_calls=1), "Which?", 3, hits),
              Rerank(Usage(llm_requests=3, prompt_tokens=300, latency_s=0.3), "llm", "Which?", ("a", "b", "c"),
                     (Hit(passages[2], 0.9, "llm"), Hit(passages[0], 0.4, "llm"))),
+             Generate(Usage(llm_requests=1, prompt_tokens=40, completion_tokens=4, latency_s=0.1), "reason",
+                      (Message("user", "Think about: Which?"),), "Gamma is the", cut=True),
              Generate(Usage(llm_requests=1, prompt_tokens=80, completion_tokens=2, latency_s=0.1), "answer",
                       (Message("user", "Passages: ... Question: Which?"),), "Gamma"),
              Answer(Usage(), "Gamma"))

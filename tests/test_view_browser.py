@@ -232,4 +232,9 @@ def test_failed_questions_and_reranked_passages(page, tmp_path, request):
         expect(reranked.nth(0)).to_contain_text("Gamma")
         expect(reranked.nth(0).locator("td").nth(1)).to_have_text("3")  # its rank before
         expect(page.locator('.step[data-kind="rerank"]')).to_contain_text("kept 2 of 3")
+        # a reply cut at its token budget says so; one that ended is not marked
+        generated = page.locator('.step[data-kind="generate"]')
+        expect(generated.nth(0).locator(".badge.cut")).to_have_text("cut at max_tokens")
+        expect(generated.nth(1).locator(".badge.cut")).to_have_count(0)
+        expect(generated.nth(0).locator(".other-fields")).to_have_count(0)
         shoot(page, tmp_path, request, "view-rerank")

@@ -326,7 +326,7 @@ function costBar(step, ctx) {
 // fields each kind's renderer shows; any other field goes under "other fields" (new ones from newer runs)
 const SHOWN = {
   retrieve: ["query", "k", "hits"], rerank: ["reranker", "query", "before", "hits", "fallback"],
-  generate: ["purpose", "prompt", "text", "logprobs", "prompt_ids"], score: ["purpose", "prompt", "labels", "probs", "prompt_ids"],
+  generate: ["purpose", "prompt", "text", "logprobs", "prompt_ids", "cut"], score: ["purpose", "prompt", "labels", "probs", "prompt_ids"],
   judge: ["name", "verdict", "score", "inputs", "detail", "fallback"], decide: ["name", "choice", "signals"], answer: ["text"],
 };
 
@@ -401,6 +401,7 @@ const RENDER = {
   },
   generate(step, card, head) {
     head.appendChild(h("span", {}, "purpose: ", h("b", {}, step.purpose)));
+    if (step.cut) head.appendChild(h("span", { class: "badge cut", title: "the reply ran into its max_tokens: cut, not ended by a stop string or the model" }, "cut at max_tokens"));
     card.appendChild(h("pre", { class: "output" }, step.text || "(empty output)"));
     card.appendChild(messagesBlock(step, "prompt"));
     if (Array.isArray(step.logprobs) && step.logprobs.length) {
