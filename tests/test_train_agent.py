@@ -254,6 +254,49 @@ def test_training_end_to_end_checkpoint_resume_and_eval(tiny, tmp_path, monkeypa
 
 
 @needs_trl
+def test_training_order_is_trls_sampler_order_and_a_resumed_sampler_draws_its_epoch():
+    """`training_order` is the order TRL's RepeatSampler draws (an epoch's incomplete last step left
+    out); `epoch_sampler` told its epoch draws that epoch's order from a fresh start (a resume)."""
+    from trl.trainer.utils import RepeatSampler
+
+    from metarag.train.agent import epoch_sampler, training_order
+
+    def steps(indices: list[int]) -> list[tuple[int, ...]]:  # 4 questions a step, each repeated G = 5 times
+        return [tuple(indices[i:i + 20:5]) for i in range(0, len(indices), 20)]
+
+    sampler = RepeatSampler(range(17), mini_repeat_count=5, batch_size=4, seed=7)
+    uninterrupted = [step for _ in range(3) for step in steps(list(sampler))]
+    assert uninterrupted == training_order(17, 7, 4, 12) and len(uninterrupted) == 12
+    fresh = epoch_sampler(RepeatSampler(range(17), mini_repeat_count=5, batch_size=4, seed=7))
+    assert steps(list(fresh)) == uninterrupted[:4]  # never told its epoch: TRL's own order
+    fresh = epoch_sampler(RepeatSampler(range(17), mini_repeat_count=5, batch_size=4, seed=7))
+    fresh.set_epoch(2)
+    assert steps(list(fresh)) == uninterrupted[8:]
+    fresh.set_epoch(0)
+    assert steps(list(fresh)) == uninterrupted[:4]
+    with pytest.raises(ConfigError, match="cannot fill a step"):
+        training_order(3, 0, 4, 1)
+
+
+@needs_trl
+def test_a_resumed_run_draws_the_questions_of_an_uninterrupted_one(tiny, tmp_path):
+    """Stopped after step 4 (epoch 2's first) and resumed, a run trains step 5 on epoch 2's second
+    question, as an uninterrupted run does; TRL's own sampler started epoch 1's order again."""
+    import copy
+
+    from metarag.train.agent import read_rollouts, train_agent, training_order
+
+    base, tokenizer = tiny
+    order = training_order(len(QUESTIONS), 0, 1, 5)
+    assert order[4] != order[1]  # epoch 1's order again would show
+    for steps in (4, 5):
+        settings = AgentTrainSettings(method="search-r1", reward="search-r1", **{**TINY, "steps": steps})
+        train_agent(QUESTIONS, MemoryRetriever(PASSAGES), copy.deepcopy(base), tokenizer, tmp_path, settings)
+    drawn = {step: list(groups) for step, groups in read_rollouts(tmp_path).items()}
+    assert drawn == {s: [QUESTIONS[i].id for i in chunk] for s, chunk in enumerate(order, 1)}
+
+
+@needs_trl
 def test_time_budget_stops_and_saves(tiny, tmp_path):
     import copy
 

@@ -805,6 +805,41 @@ def scored_positions_only(device: Any):
         utils._use_triton = original
 
 
+def epoch_sampler(sampler: Any) -> Any:
+    """TRL's GRPO `RepeatSampler` as one that draws epoch e's question order from the seed alone.
+
+    TRL's sampler draws one `torch.randperm` an epoch from a generator it seeds once, so epoch e's
+    order is the generator's e-th permutation. A resumed run builds a new sampler, and transformers'
+    Trainer no longer iterates the epochs it skips: the new generator's first permutation came back
+    (a run resumed in epoch 4 drew epoch 1's order, then epoch 2's: found in the retry's rollout log,
+    steps 16-20). This one is told its epoch (`set_epoch`, which the Trainer calls through
+    accelerate's data loader each epoch) and re-seeds and skips e permutations before drawing, so a
+    resumed run draws what the uninterrupted run draws (`training_order` reproduces it). A sampler
+    that is not TRL's, or one without a seed, is returned as it is."""
+    from trl.trainer.utils import RepeatSampler
+
+    if type(sampler) is not RepeatSampler or not sampler.shuffle or sampler.seed is None:
+        return sampler
+
+    class EpochSampler(RepeatSampler):
+        epoch: int | None = None
+
+        def set_epoch(self, epoch: int) -> None:
+            self.epoch = int(epoch)
+
+        def __iter__(self):
+            import torch
+
+            if self.epoch is not None:
+                self.generator.manual_seed(self.seed)
+                for _ in range(self.epoch):
+                    torch.randperm(self.num_samples, generator=self.generator)
+            return super().__iter__()
+
+    return EpochSampler(sampler.data_source, sampler.mini_repeat_count, sampler.batch_size, sampler.repeat_count,
+                        sampler.shuffle, sampler.seed)
+
+
 def step_packed_trainer(trl: Any) -> type:
     """TRL's `GRPOTrainer` that trains each decision step on the context it was sampled from: the
     rollouts' position ids (`POSITIONS_FIELD`) travel with the batch (`completion_positions`, shuffled
@@ -838,6 +873,10 @@ def step_packed_trainer(trl: Any) -> type:
                 super().__init__(*args, model=model, peft_config=peft_config, **kwargs)
             finally:
                 grpo_trainer.create_model_from_path = load
+
+        def _get_train_sampler(self, dataset: Any = None) -> Any:
+            """TRL's sampler, made to draw epoch e's order on resume too (`EpochSampler`)."""
+            return epoch_sampler(super()._get_train_sampler(dataset))
 
         _scoring_positions = None
         _in_loss = False
@@ -1539,6 +1578,58 @@ def read_log(out_dir: str | Path) -> list[dict[str, Any]]:
             raise DataError(f"line {n} is not JSON", path=str(path)) from None
         by_step[int(record.get("step", 0))] = record
     return [by_step[s] for s in sorted(by_step)]
+
+
+def read_rollouts(run: str | Path) -> dict[int, dict[str, list[float | None]]]:
+    """Each step's rollout outcomes by question (EM of each rollout's answer, None for a failed one),
+    from a run's rollout log: RUN/rollouts.jsonl, or X-rollouts.jsonl beside a log copy X-log.jsonl;
+    {} where there is none. A step that a resumed run took again keeps its last block of records, as
+    `read_log` keeps a step's last record (a block starts again where the step number comes back, or
+    where a rollout seed repeats: seeds follow from the run's seed, the step and the rollout's place)."""
+    path = Path(run).expanduser()
+    path = path.with_name(path.name.removesuffix("-log.jsonl") + "-rollouts.jsonl") if path.suffix == ".jsonl" \
+        else path / "rollouts.jsonl"
+    if not path.is_file():
+        return {}
+    steps: dict[int, dict[str, list[float | None]]] = {}
+    seeds: dict[int, set] = {}
+    previous = None
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+            step, seed, question = int(record["step"]), record.get("seed"), str(record["question_id"])
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+            raise DataError(f"line {n} is not a rollout record (JSON with step and question_id)",
+                            path=str(path)) from None
+        if (step != previous and step in steps) or (seed is not None and seed in seeds.get(step, ())):
+            steps[step], seeds[step] = {}, set()
+        previous = step
+        seeds.setdefault(step, set()).add(seed)
+        outcome = record.get("outcome")
+        steps.setdefault(step, {}).setdefault(question, []).append(
+            float(outcome) if isinstance(outcome, (int, float)) else None)
+    return steps
+
+
+def training_order(questions: int, seed: int, per_step: int, steps: int) -> list[tuple[int, ...]]:
+    """The training questions (indices into the training set) each step draws, as TRL's GRPO sampler
+    (`RepeatSampler`) draws them: a generator seeded with the run's seed, one `torch.randperm` an
+    epoch, cut into steps of `per_step` questions, an epoch's last incomplete step left out (with 17
+    questions and 4 a step, 16 are trained each epoch and a different one waits). A resumed run skips
+    the steps already done and draws the same order. Needs torch."""
+    import torch
+
+    if per_step < 1 or questions < per_step:
+        raise ConfigError(f"{questions} training questions cannot fill a step of {per_step}")
+    generator = torch.Generator()
+    generator.manual_seed(seed)
+    order: list[tuple[int, ...]] = []
+    while len(order) < steps:
+        epoch = torch.randperm(questions, generator=generator).tolist()
+        order += [tuple(epoch[i:i + per_step]) for i in range(0, questions - per_step + 1, per_step)]
+    return order[:steps]
 
 
 def reward_trend(records: Sequence[dict[str, Any]], window: int = 20, key: str = "rewards/reward/mean",
