@@ -41,19 +41,28 @@ def read(path: Path) -> list[dict]:
 
 
 def test_two_processes_train_distinct_rollouts_one_writer_and_resume(tmp_path):
-    launch(tmp_path, 1)
-    launch(tmp_path, 2)  # resumes at step 1 and trains step 2
+    from launch_train_agent import QUESTIONS
+
+    from metarag.train.agent import training_order
+
+    launch(tmp_path, 3)
+    launch(tmp_path, 4)  # resumes at step 3, in the second epoch (two questions an epoch), and trains step 4
     ranks = [read(tmp_path / f"rank-{i}.jsonl") for i in (0, 1)]
-    assert [[r["step"] for r in rank] for rank in ranks] == [[0, 1], [0, 1]]  # the second launch rolled out step 2 only
+    assert [[r["step"] for r in rank] for rank in ranks] == [[0, 1, 2, 3]] * 2  # the second launch: step 4 only
     for zero, one in zip(*ranks):
         assert zero["prompts"] == one["prompts"] and len(zero["prompts"]) == 1  # one question's group of 2, split
         assert not set(zero["seeds"]) & set(one["seeds"])
         assert zero["completions"] != one["completions"]  # no two processes draw the same rollout
+    # the resumed launch draws the uninterrupted order (the sampler told its epoch through accelerate's
+    # sharded loader): step 4 is the second epoch's second question, not the first epoch's again
+    order = training_order(len(QUESTIONS), 0, 1, 4)
+    assert order[3] != order[1]
+    assert [QUESTIONS[i].text in r["prompts"][0] for r, (i,) in zip(ranks[0], order)] == [True] * 4
     run = tmp_path / "run"
     log = read(run / "log.jsonl")
-    assert [r["step"] for r in log] == [1, 2]  # the main process alone writes: one line a step
-    for step in (1, 2):
+    assert [r["step"] for r in log] == [1, 2, 3, 4]  # the main process alone writes: one line a step
+    for step in (3, 4):  # each launch's last checkpoint holds the merged model
         manifest = json.loads((run / "trainer" / f"checkpoint-{step}" / "metarag_manifest.json").read_text())
         assert manifest["steps"] == step and (run / "trainer" / f"checkpoint-{step}" / "merged").is_dir()
-    state = json.loads((run / "trainer" / "checkpoint-2" / "trainer_state.json").read_text())
-    assert state["global_step"] == 2
+    state = json.loads((run / "trainer" / "checkpoint-4" / "trainer_state.json").read_text())
+    assert state["global_step"] == 4

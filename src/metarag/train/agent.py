@@ -812,8 +812,8 @@ def epoch_sampler(sampler: Any) -> Any:
     order is the generator's e-th permutation. A resumed run builds a new sampler, and transformers'
     Trainer no longer iterates the epochs it skips: the new generator's first permutation came back
     (a run resumed in epoch 4 drew epoch 1's order, then epoch 2's: found in the retry's rollout log,
-    steps 16-20). This one is told its epoch (`set_epoch`, which the Trainer calls through
-    accelerate's data loader each epoch) and re-seeds and skips e permutations before drawing, so a
+    steps 16-20). This one is told its epoch (`set_epoch`: the step-packed trainer's callback calls it as each
+    epoch begins, across processes too) and re-seeds and skips e permutations before drawing, so a
     resumed run draws what the uninterrupted run draws (`training_order` reproduces it). A sampler
     that is not TRL's, or one without a seed, is returned as it is."""
     from trl.trainer.utils import RepeatSampler
@@ -850,6 +850,22 @@ def step_packed_trainer(trl: Any) -> type:
     import copy
 
     import torch
+    from transformers import TrainerCallback
+
+    class _SamplerEpoch(TrainerCallback):
+        """Tells the sampler each epoch it starts. accelerate's loader passes `set_epoch` on to the
+        sampler in one process but not through the batch sampler it shards across processes (nor
+        through the one that skips a resumed epoch's done steps there), so the trainer tells it here:
+        the epoch is the state's at the epoch's start (a resumed run's is read from its checkpoint, e.g.
+        3.75 in the fourth epoch)."""
+
+        def __init__(self, trainer: Any):
+            self.trainer = trainer
+
+        def on_epoch_begin(self, args, state, control, **kwargs):
+            sampler = self.trainer._epoch_sampler
+            if hasattr(sampler, "set_epoch"):
+                sampler.set_epoch(int(state.epoch + 1e-6))
 
     class StepPackedGRPOTrainer(trl.GRPOTrainer):
         """(see `step_packed_trainer`) The reference model of full fine-tuning with a KL term is a
@@ -873,10 +889,14 @@ def step_packed_trainer(trl: Any) -> type:
                 super().__init__(*args, model=model, peft_config=peft_config, **kwargs)
             finally:
                 grpo_trainer.create_model_from_path = load
+            self.add_callback(_SamplerEpoch(self))
 
         def _get_train_sampler(self, dataset: Any = None) -> Any:
-            """TRL's sampler, made to draw epoch e's order on resume too (`EpochSampler`)."""
-            return epoch_sampler(super()._get_train_sampler(dataset))
+            """TRL's sampler, made to draw epoch e's order on resume too (`epoch_sampler`)."""
+            self._epoch_sampler = epoch_sampler(super()._get_train_sampler(dataset))
+            return self._epoch_sampler
+
+        _epoch_sampler = None
 
         _scoring_positions = None
         _in_loss = False
