@@ -436,6 +436,38 @@ def test_training_table_prints_a_row_a_step(tmp_path):
     assert out[2].startswith("| 1 | −0.012 | 0.00 | – | 0.004 | – | – |")
 
 
+def test_training_order_script_checks_the_logged_questions_and_counts_draw_by_draw(tmp_path):
+    """scripts/training-order: each step's questions as the sampler draws them, checked against the
+    rollout log ("no, predicted ..." where the log trained others), and a question drawn twice gets its
+    right rollouts side by side, draw by draw."""
+    pytest.importorskip("torch")
+    from metarag.train.agent import training_order
+
+    ids = [f"q{i}" for i in range(5)]
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps({"id": q, "question": q, "answers": ["a"]}) + "\n" for q in ids))
+    (tmp_path / "settings.json").write_text(json.dumps(
+        {"data": {"path": str(data)}, "settings": {"seed": 3, "questions_per_step": 2, "group_size": 2}}))
+    order = [[ids[i] for i in chunk] for chunk in training_order(5, 3, 2, 4)]  # 2 steps an epoch, 1 left out
+    logged = [order[0], order[1], order[2], [q for q in ids if q not in order[3]][:2]]  # step 4: other questions
+    records = [{"step": s, "seed": 10 * s + 2 * j + k, "question_id": q, "outcome": float(k == 0 and s > 2)}
+               for s, questions in enumerate(logged, 1) for j, q in enumerate(questions) for k in range(2)]
+    (tmp_path / "rollouts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    (tmp_path / "log.jsonl").write_text("".join(json.dumps({"step": s, "reward": 0.0}) + "\n" for s in range(1, 5)))
+    script = Path(__file__).parents[1] / "scripts" / "training-order"
+    out = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True, text=True,
+                         check=True).stdout
+    rows = [line for line in out.splitlines() if line.startswith("| ") and line[2].isdigit()]
+    assert len(rows) == 8  # 4 steps (the log's), 2 questions each
+    assert all("| yes |" in row for row in rows[:6])
+    assert all(f"| no, predicted {', '.join(order[3])} |" in row for row in rows[6:])
+    assert rows[0] == f"| 1 | {order[0][0]} | – | yes | 0 of 2 |" and rows[4].endswith("| yes | 1 of 2 |")
+    again = {q for q in ids if sum(q in step for step in logged) > 1}
+    assert f"the {len(again)} questions drawn twice or more" in out
+    first = sum(2 for q in again for s in logged[:2] if q in s)  # draws 1 are in epoch 1: none right
+    assert f"  draw 1: 0 of {first} ({len(again)} questions)" in out
+
+
 def test_training_table_windows_average_steps_and_count_signal_groups(tmp_path):
     """--windows W: a row per run and full W-step window (a short last one left out), the steps' means,
     and the steps whose group's reward spread says some rollouts were right; a log file works as a run."""
