@@ -37,6 +37,12 @@ OPTIMAL, OVER_SEARCH, UNDER_SEARCH, MARGIN_ZONE = "optimal", "over-search", "und
 DIAGNOSES = (OPTIMAL, OVER_SEARCH, UNDER_SEARCH, MARGIN_ZONE, INVALID)
 
 
+def decision_generations(trace: Trace) -> list[Generate]:
+    """The trace's decision-step generations (`Generate` purpose "agent-step"), in order: what the
+    rewards read the answer from, what the trainer trains on and what `cut_share` counts."""
+    return [s for s in trace.steps if isinstance(s, Generate) and s.purpose == STEP_PURPOSE]
+
+
 @dataclass(frozen=True)
 class AgentStep:
     """One decision step of a search agent, read off its trace.

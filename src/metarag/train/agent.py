@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from metarag.errors import BackendError, ConfigError, DataError, MissingDependency, close_matches
-from metarag.policy.agent_trace import STEP_PURPOSE
+from metarag.policy.agent_trace import STEP_PURPOSE, decision_generations
 from metarag.records import Generate, Question, Trace
 from metarag.settings import check_ranges, setting
 
@@ -303,7 +303,7 @@ class RolloutSample:
 def step_generations(trace: Trace) -> list[Generate]:
     """The trace's decision-step generations by the run's own model, in order (the probe's Score
     steps and any other model's calls are not trained on)."""
-    return [s for s in trace.steps if isinstance(s, Generate) and s.purpose == STEP_PURPOSE and not s.model]
+    return [s for s in decision_generations(trace) if not s.model]
 
 
 def rollout_sample(trace: Trace, llm: Any) -> RolloutSample:
@@ -425,17 +425,13 @@ def rollout_seconds(traces: Sequence[Trace]) -> dict[str, float]:
     return out
 
 
-def _decision_replies(trace: Trace) -> list[Generate]:
-    return [s for s in trace.steps if isinstance(s, Generate) and s.purpose == STEP_PURPOSE]
-
-
 def cut_share(traces: Sequence[Trace]) -> float:
     """The share of the step's decision replies cut at `step_max_tokens` (`Generate.cut`), over the
     rollouts that ran; NaN without one. A cut reply rarely holds a closed action, so it is mostly an
     invalid step: this says how many of the invalid steps are the budget's, not the format's. (TRL's
     `completions/clipped_ratio` cannot say: it counts completions without EOS, and every rollout here
     ends at a stop string.)"""
-    replies = [s for t in traces if t.error is None for s in _decision_replies(t)]
+    replies = [s for t in traces if t.error is None for s in decision_generations(t)]
     return sum(s.cut for s in replies) / len(replies) if replies else math.nan
 
 
@@ -644,7 +640,7 @@ class AgentRollouts:
                     "consistency": None if reward is None else reward.consistency,
                     "penalty": None if reward is None else reward.penalty,
                     "actions": [s.action for s in agent_steps(trace)] if trace.error is None else [],
-                    "cut": sum(s.cut for s in _decision_replies(trace))}) + "\n")
+                    "cut": sum(s.cut for s in decision_generations(trace))}) + "\n")
 
     def _autocast(self, model: Any) -> bool:
         """Whether rollouts run under bf16 autocast: in the bf16-autocast precision, as training does."""

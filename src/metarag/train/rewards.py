@@ -25,15 +25,15 @@ from metarag.policy.agent_trace import (
     INVALID,
     OPTIMAL,
     SEARCH,
-    STEP_PURPOSE,
     AgentStep,
     agent_steps,
     check_margin,
+    decision_generations,
     diagnose,
     diagnoses,
     gap_rates,
 )
-from metarag.records import Generate, Trace
+from metarag.records import Trace
 from metarag.settings import check_ranges, setting
 
 
@@ -269,17 +269,13 @@ _CJK = re.compile(r"[\u4e00-\u9fff]")
 _REFINE = re.compile(r"<refine>(.*?)</refine>", re.S)
 
 
-def _step_generations(trace: Trace) -> list[Generate]:
-    return [s for s in trace.steps if isinstance(s, Generate) and s.purpose == STEP_PURPOSE]
-
-
 def r1_solution(trace: Trace) -> str:
     """The text R1-Searcher's reward servers score, rebuilt from a `r1-searcher` trace: everything after
     the prompt's "Assistant: <think>" — the generations, the closing marker each stop cut, the
     documents blocks injected — as the last step's prompt and its generation hold it (the closing
     `</answer>` or `<|end_of_query|>` its stop cut restored from the step's action). A trace of
     another agent: its step generations joined."""
-    generations = _step_generations(trace)
+    generations = decision_generations(trace)
     if not generations:
         return ""
     steps = agent_steps(trace)
@@ -386,7 +382,7 @@ def r1_searcher_reward(trace: Trace, golds: Sequence[str], settings: RewardSetti
 def refined_evidence(trace: Trace) -> str | None:
     """Everything the model wrote inside `<refine> </refine>` over an episode, joined by spaces; None
     when it never refined (AutoRefine's `extract_refine`)."""
-    found = [m for g in _step_generations(trace) for m in _REFINE.findall(g.text)]
+    found = [m for g in decision_generations(trace) for m in _REFINE.findall(g.text)]
     return " ".join(found).strip() if found else None
 
 
