@@ -220,7 +220,10 @@ def test_training_end_to_end_checkpoint_resume_and_eval(tiny, tmp_path, monkeypa
     assert manifest["data_sha256"] == "data-sha" and manifest["reward"] == "belief"
     assert manifest["reward_settings"]["consistency_weight"] == 0.1 and "git_commit" in manifest
     assert (checkpoint / MERGED / "model.safetensors").exists() and report.checkpoint == checkpoint / MERGED
-    assert (checkpoint / "adapter" / "adapter_model.safetensors").exists()
+    assert (checkpoint / "adapter_model.safetensors").exists() and manifest["adapter"] == str(checkpoint)
+    assert not (checkpoint / "adapter").exists()  # one copy: a sub-folder would be loaded as a 2nd adapter
+    # a checkpoint of before 2026-12-06 kept a copy in adapter/: resumed, the run still trains one adapter
+    shutil.copytree(checkpoint, checkpoint / "adapter", ignore=shutil.ignore_patterns("merged", "*.pt", "*.pth"))
 
     # resume: a second run of the same folder continues at step 2, not from scratch
     settings2 = AgentTrainSettings(method="search-r1", reward="belief", **{**TINY, "steps": 2})
@@ -228,6 +231,8 @@ def test_training_end_to_end_checkpoint_resume_and_eval(tiny, tmp_path, monkeypa
     report2 = train_agent(QUESTIONS, MemoryRetriever(PASSAGES), copy.deepcopy(base), tokenizer, out, settings2,
                           provenance=provenance, rollouts=rollouts2)
     assert report2.steps == 2 and rollouts2.last["step"] == 1  # only step 2 (global step 1 -> 2) was rolled out
+    assert list(rollouts2.trainer.model.peft_config) == ["default"]
+    assert not (out / "trainer" / "checkpoint-2" / "adapter").exists()
     assert [r["step"] for r in read_log(out)] == [1, 2]
     assert [json.loads(x)["step"] for x in (out / "rollouts.jsonl").read_text().splitlines()] == [1, 1, 2, 2]
     state = json.loads((out / "trainer" / "checkpoint-2" / "trainer_state.json").read_text())
@@ -322,7 +327,7 @@ def test_merged_copy_only_at_the_last_checkpoint(tiny, tmp_path):
     settings = AgentTrainSettings(method="belief-agent", reward="belief", **{**TINY, "steps": 2})
     report = train_agent(QUESTIONS, MemoryRetriever(PASSAGES), copy.deepcopy(base), tokenizer, tmp_path, settings)
     first, last = (tmp_path / "trainer" / f"checkpoint-{n}" for n in (1, 2))
-    assert (first / "adapter" / "adapter_model.safetensors").exists() and not (first / MERGED).exists()
+    assert (first / "adapter_model.safetensors").exists() and not (first / MERGED).exists()
     assert json.loads((first / MANIFEST).read_text())["merged"] is None
     assert report.checkpoint == last / MERGED and (last / MERGED / "model.safetensors").exists()
     assert json.loads((last / MANIFEST).read_text())["merged_sha256"]

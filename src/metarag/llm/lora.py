@@ -43,8 +43,8 @@ PEFT_KEY = re.compile(r"^(?:base_model\.model\.)?model\.layers\.(\d+)\.(.+)\.lor
 
 
 def adapter_folder(path: str | os.PathLike[str]) -> Path:
-    """The PEFT adapter folder a path names: the folder itself, or a train-agent checkpoint's
-    `adapter/` (a checkpoint keeps the adapter at its top too, so either works)."""
+    """The PEFT adapter folder a path names: the folder itself (a train-agent checkpoint-N keeps its
+    adapter at its top), or its `adapter/` (where checkpoints written before 2026-12-06 kept a copy)."""
     path = Path(path).expanduser()
     for folder in (path, path / "adapter"):
         if (folder / ADAPTER_CONFIG).is_file() and (folder / ADAPTER_WEIGHTS).is_file():

@@ -894,6 +894,20 @@ def step_packed_trainer(trl: Any) -> type:
 
         _epoch_sampler = None
 
+        def _load_from_checkpoint(self, resume_from_checkpoint: str, model: Any = None) -> None:
+            """transformers' loading, then every adapter but the trained one dropped. It loads the
+            adapter at a checkpoint's top into the trained adapter and any sub-folder holding adapter
+            weights as one more adapter, named after the folder: checkpoints written before
+            2026-12-06 kept a copy of their adapter in adapter/, so each resume of them carried an
+            idle second adapter ("adapter", never active, never trained) and each save after it
+            wrote that one again, nested (checkpoint-N/adapter/adapter/: 74 MB for the 1.5B)."""
+            super()._load_from_checkpoint(resume_from_checkpoint, model)
+            loaded = model if model is not None else self.model
+            configs = getattr(loaded, "peft_config", None)
+            if isinstance(configs, dict):
+                for name in [n for n in configs if n not in loaded.active_adapters]:
+                    loaded.delete_adapter(name)
+
         _scoring_positions = None
         _in_loss = False
         packed_passes = "mask"  # or "split" (AgentTrainSettings.packed_passes, resolved by train_agent)
@@ -1246,9 +1260,11 @@ def train_agent(questions: Sequence[Question], retriever: Any, model: Any, token
 
 def _save_checkpoint(folder: Path, trainer: Any, tokenizer: Any, manifest: dict[str, Any],
                      merged: bool = True) -> None:
-    """Beside TRL's checkpoint files: the adapter, `merged/` unless `merged` is false (the full model,
-    adapter merged in, safetensors and the tokenizer: a folder `--llm hf:PATH` loads) and the manifest
-    with the merged model's hash (None without one).
+    """Beside TRL's checkpoint files (a LoRA run's adapter among them, at the folder's top): `merged/`
+    unless `merged` is false (the full model, adapter merged in, safetensors and the tokenizer: a
+    folder `--llm hf:PATH` loads) and the manifest with the merged model's hash (None without one)
+    and the adapter's folder. No second copy of the adapter in a sub-folder: transformers would load
+    it on resume as one more adapter (`_load_from_checkpoint`).
     Every process takes part in gathering a sharded model's weights (ZeRO-3 / FSDP); the main
     process alone writes."""
     import copy
@@ -1265,8 +1281,6 @@ def _save_checkpoint(folder: Path, trainer: Any, tokenizer: Any, manifest: dict[
         return
     folder.mkdir(parents=True, exist_ok=True)
     target = folder / MERGED
-    if adapter:
-        inner.save_pretrained(str(folder / "adapter"))
     if merged and adapter:
         full = copy.deepcopy(inner).merge_and_unload()
         _stop_tokens_from(tokenizer, full)
@@ -1279,7 +1293,7 @@ def _save_checkpoint(folder: Path, trainer: Any, tokenizer: Any, manifest: dict[
         tokenizer.save_pretrained(str(target))
     record = {**manifest, "merged": str(target) if merged else None,
               "merged_sha256": folder_sha256(target) if merged else None,
-              "adapter": str(folder / "adapter") if (folder / "adapter").exists() else None,
+              "adapter": str(folder) if adapter and (folder / "adapter_config.json").exists() else None,
               "saved": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     (folder / MANIFEST).write_text(json.dumps(record, indent=2, default=str) + "\n")
     accelerator.wait_for_everyone()
