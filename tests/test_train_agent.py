@@ -284,6 +284,27 @@ def test_training_order_is_trls_sampler_order_and_a_resumed_sampler_draws_its_ep
 
 
 @needs_trl
+def test_a_resumed_run_saves_at_its_own_save_every(tiny, tmp_path):
+    """transformers reads a resumed run's save interval back from the checkpoint (trainer_state.json);
+    the resumed run's `save_every` holds instead: saved every 2 steps, resumed saving every step."""
+    import copy
+
+    from metarag.train.agent import train_agent
+
+    base, tokenizer = tiny
+
+    def run(steps: int, every: int) -> None:
+        settings = AgentTrainSettings(method="belief-agent", reward="belief",
+                                      **{**TINY, "steps": steps, "save_every": every, "keep_checkpoints": 0})
+        train_agent(QUESTIONS, MemoryRetriever(PASSAGES), copy.deepcopy(base), tokenizer, tmp_path, settings)
+
+    run(2, 2)
+    run(4, 1)
+    saved = sorted(int(p.name.removeprefix("checkpoint-")) for p in (tmp_path / "trainer").glob("checkpoint-*"))
+    assert saved == [2, 3, 4]
+
+
+@needs_trl
 def test_a_resumed_run_draws_the_questions_of_an_uninterrupted_one(tiny, tmp_path):
     """Stopped after step 4 (epoch 2's first) and resumed, a run trains step 5 on epoch 2's second
     question, as an uninterrupted run does; TRL's own sampler started epoch 1's order again."""

@@ -101,7 +101,8 @@ class AgentTrainSettings:
     backward). `rollout_prefix_tokens`: the rollouts' back-end keeps that many tokens of key/value
     states (`HFSettings.prefix_cache_tokens`), so each turn and each probe runs only the tokens it adds
     to an earlier request, and a group's G rollouts run their shared prompt once; 0 runs every request
-    whole (the same tokens up to float rounding, more time). `keep_checkpoints`: only the
+    whole (the same tokens up to float rounding, more time). `save_every`: a checkpoint every that many
+    steps, a resumed run's own (not the interval it was saved with). `keep_checkpoints`: only the
     newest 3 checkpoints are kept (TRL's `save_total_limit`); 0 keeps every one. `merged_checkpoints`:
     which checkpoints also hold `merged/`, the full model with the adapter merged in (the folder
     `--llm hf:PATH` evaluates): "last", the one a run ends on (its steps done or its time budget
@@ -1199,6 +1200,11 @@ def train_agent(questions: Sequence[Question], retriever: Any, model: Any, token
     budget_spent: list[int] = []
 
     class _Logs(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kw):
+            # a resumed run reads its state, the save and logging intervals in it, from the checkpoint
+            # after the arguments were applied: this run's `save_every` holds, not the saved run's
+            state.compute_steps(args, state.max_steps)
+
         def on_log(self, args, state, control, logs=None, **kw):
             if logs and "train_runtime" not in logs:
                 record = {"step": state.global_step, **{k: v for k, v in logs.items()
