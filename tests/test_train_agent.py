@@ -5,6 +5,7 @@ trainer unchanged, every component logged, a checkpoint with its manifest, resum
 interruption), the checkpoint evaluated with `eval --llm hf:CHECKPOINT`, the refusal of evaluation
 splits, and the curves."""
 import contextlib
+import dataclasses
 import importlib.util
 import json
 import math
@@ -332,8 +333,16 @@ def test_time_budget_stops_and_saves(tiny, tmp_path):
     settings = AgentTrainSettings(method="belief-agent", reward="search-r1",
                                   **{**TINY, "steps": 3, "save_every": 10, "time_budget_s": 0.001})
     report = train_agent(QUESTIONS, MemoryRetriever(PASSAGES), copy.deepcopy(base), tokenizer, tmp_path, settings)
-    assert report.steps == 1 and (tmp_path / "trainer" / "checkpoint-1" / MANIFEST).exists()
-    assert report.checkpoint == tmp_path / "trainer" / "checkpoint-1" / MERGED
+    first = tmp_path / "trainer" / "checkpoint-1"
+    assert report.steps == 1 and (first / MANIFEST).exists()
+    # a pause, not the end: no merged copy (6 GB for the 1.5B), and the summary says how to go on
+    assert not (first / MERGED).exists() and report.checkpoint is None and report.paused_at == first
+    assert "step 1 of 3" in report.summary() and "--steps 1" in report.summary()
+    # --steps at the paused step: the merged copy, no training
+    done = train_agent(QUESTIONS, MemoryRetriever(PASSAGES), copy.deepcopy(base), tokenizer, tmp_path,
+                       dataclasses.replace(settings, steps=1, time_budget_s=0.0))
+    assert done.steps == 1 and done.checkpoint == first / MERGED and (first / MERGED).is_dir()
+    assert not (tmp_path / "trainer" / "checkpoint-2").exists()
 
 
 @needs_trl

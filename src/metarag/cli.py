@@ -289,7 +289,8 @@ def _add_train_agent(sub) -> None:
                          "(a `trl vllm-serve` at --set vllm_server_url=URL); default off (transformers)")
     ta.add_argument("--steps", type=positive_int, default=None, help="optimizer steps (default 10)")
     ta.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
-                    help="stop (and save) after this many seconds of training")
+                    help="pause after this many seconds of training: save a checkpoint (no merged/ copy) that "
+                         "the same command resumes")
     ta.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="override a training setting (learning_rate, kl_coef, group_size, questions_per_step, "
                          "max_turns, step_max_tokens, n_ctx, top_k, lora, save_every ...), a reward setting "

@@ -86,7 +86,10 @@ class AgentTrainSettings:
     "colocate" / "server" generate through TRL's vLLM (the server at `vllm_server_url`), with
     `vllm_gpu_memory_utilization` of each GPU for a colocated engine (TRL's default 0.3).
     `time_budget_s` 0: no limit; else training stops (and saves) after that many seconds, measured on
-    the main process and broadcast, so every process stops after the same step.
+    the main process and broadcast, so every process stops after the same step. A budget stop is a
+    pause, not the run's end: its checkpoint holds no `merged/` copy (with `merged_checkpoints`
+    "last"), because the same command resumes it; `--steps` at the stop's step writes the copy
+    without training (the 1.5B's copy takes a minute and 5-6 GB of peak memory more, each pause).
     `gradient_checkpointing` on and `attn_implementation` "sdpa" for the training passes: a rollout's
     sequence runs to thousands of tokens, and eager attention keeps an n × n matrix per head and layer
     for the backward pass (a 0.5B step on a 2,000-token belief-agent rollout ran out of 23 GB).
@@ -105,9 +108,9 @@ class AgentTrainSettings:
     steps, a resumed run's own (not the interval it was saved with). `keep_checkpoints`: only the
     newest 3 checkpoints are kept (TRL's `save_total_limit`); 0 keeps every one. `merged_checkpoints`:
     which checkpoints also hold `merged/`, the full model with the adapter merged in (the folder
-    `--llm hf:PATH` evaluates): "last", the one a run ends on (its steps done or its time budget
-    spent; a checkpoint without one gets it when the same command is run again with `--steps` at
-    its step), because the merged copy of a 1.5B is 6 GB in float32, takes a deep copy of the model in
+    `--llm hf:PATH` evaluates): "last", the one at the run's `steps` (not a time-budget pause; a
+    checkpoint without one gets it when the same command is run again with `--steps` at its step),
+    because the merged copy of a 1.5B is 6 GB in float32, takes a deep copy of the model in
     memory (the 1.5B run peaked at 19-20 GB while saving, 14-15 GB otherwise) and a minute to write
     and hash; "every", each checkpoint.
     search-r1 takes `max_turns` as Search-R1's trainer does (`max_turns` search turns, then one final
@@ -1072,12 +1075,15 @@ def step_packed_trainer(trl: Any) -> type:
 @dataclass(frozen=True)
 class TrainReport:
     """What a training run left: its folder, the steps done, the last checkpoint (merged model
-    folder, usable as `--llm hf:PATH`) and the per-step log."""
+    folder, usable as `--llm hf:PATH`; None when a time budget paused the run, which then names the
+    checkpoint it resumes from in `paused_at`) and the per-step log."""
 
     out: Path
     steps: int
     checkpoint: Path | None
     log: tuple[dict[str, Any], ...]
+    paused_at: Path | None = None
+    steps_planned: int | None = None
 
     def summary(self) -> str:
         lines = [f"trained {self.steps} step(s) into {self.out}"]
@@ -1086,6 +1092,10 @@ class TrainReport:
             parts = [f"{k}={last[k]:.4g}" for k in ("reward", "rewards/reward/mean", "rewards/outcome/mean",
                                                      "searches", "under_search_rate", "kl") if k in last]
             lines.append("last step: " + ", ".join(parts))
+        if self.paused_at is not None:
+            lines.append(f"time budget spent at step {self.steps} of {self.steps_planned}: the same command "
+                         f"resumes from {self.paused_at}; with --steps {self.steps} it writes that checkpoint's "
+                         "merged model (for --llm hf:PATH) without training")
         if self.checkpoint is not None:
             lines.append(f"checkpoint: {self.checkpoint}")
             lines.append(f"evaluate it: metarag eval --llm hf:{self.checkpoint} --method <agent> --dataset ...")
@@ -1232,7 +1242,7 @@ def train_agent(questions: Sequence[Question], retriever: Any, model: Any, token
 
         def on_save(self, args, state, control, model=None, processing_class=None, **kw):
             folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
-            last = state.global_step >= state.max_steps or bool(budget_spent)
+            last = state.global_step >= state.max_steps
             _save_checkpoint(folder, trainer, tokenizer, {**manifest_base, "steps": state.global_step},
                              merged=last or settings.merged_checkpoints == "every")
 
@@ -1254,14 +1264,17 @@ def train_agent(questions: Sequence[Question], retriever: Any, model: Any, token
     else:
         trainer.train(resume_from_checkpoint=str(last) if last is not None else None)
     final = _last_checkpoint(out)
-    if final is None or _checkpoint_step(final) != trainer.state.global_step:
-        final = out / TRAINER_DIR / f"checkpoint-{trainer.state.global_step}"
+    done = int(trainer.state.global_step)
+    paused = bool(budget_spent) and done < settings.steps
+    if final is None or _checkpoint_step(final) != done:
+        final = out / TRAINER_DIR / f"checkpoint-{done}"
         trainer.save_model(str(final))
-        _save_checkpoint(final, trainer, tokenizer, {**manifest_base, "steps": trainer.state.global_step})
-    elif not (final / MERGED).is_dir():  # a run resumed at its last step: the checkpoint's merged copy now
-        _save_checkpoint(final, trainer, tokenizer, {**manifest_base, "steps": trainer.state.global_step})
+        _save_checkpoint(final, trainer, tokenizer, {**manifest_base, "steps": done}, merged=not paused)
+    elif not paused and not (final / MERGED).is_dir():  # a run resumed at its last step: its merged copy now
+        _save_checkpoint(final, trainer, tokenizer, {**manifest_base, "steps": done})
     rollouts.trainer = trainer  # type: ignore[attr-defined]  # for tests and the caller's inspection
-    return TrainReport(out, int(trainer.state.global_step), final / MERGED, tuple(log))
+    return TrainReport(out, done, None if paused else final / MERGED, tuple(log),
+                       paused_at=final if paused else None, steps_planned=settings.steps)
 
 
 def _save_checkpoint(folder: Path, trainer: Any, tokenizer: Any, manifest: dict[str, Any],
