@@ -991,3 +991,8 @@ def test_training_table_trend_reads_each_measure_last_minus_first(tmp_path):
     name = tmp_path.name
     assert out == [f"| {name} | reward | 1.000 | 1.000 .. 1.000 |",
                    f"| {name} | invalid / rollout | −1.00 | −1.00 .. −1.00 |"]
+    # --to N: the trend as it stood at step N (steps 1-2 against 3-4), not over the whole log
+    out = subprocess.run([sys.executable, str(script), str(tmp_path), "--trend", "2", "--to", "4", "--no-header"],
+                         capture_output=True, text=True, check=True).stdout.splitlines()
+    assert out == [f"| {name} | reward | 0.500 | 0.000 .. 1.000 |",
+                   f"| {name} | invalid / rollout | −0.50 | −1.00 .. 0.00 |"]
