@@ -343,16 +343,18 @@ def scripted(decisions, bare=("RETRIEVE",), probe=0.3):
 FAR = "Reasoning: The engineer's birthplace is unknown from these passages.\nAction: {}"
 NEAR = "Reasoning: Gustave Eiffel engineered the tower and was born in Dijon.\nAction: {}"
 
+# the golden cases record Table 8's sufficiency probe (analysis only, off by default)
+PROBE = {"confidence_probe": True}
 CASES = {
     # the boundary overrules a THINK proposal, then agrees with one, then supports the answer
-    "retrieve-think-answer": (dict(k=2, oracle=True), [FAR.format("THINK"), NEAR.format("THINK"),
+    "retrieve-think-answer": (dict(PROBE, k=2, oracle=True), [FAR.format("THINK"), NEAR.format("THINK"),
                                                        NEAR.format("ANSWER")], ()),
-    "no-retrieve": (dict(k=2, ablation="no-retrieve"), [FAR.format("RETRIEVE"), NEAR.format("ANSWER")], ()),
-    "no-think": (dict(k=2, ablation="no-think"), [NEAR.format("THINK"), NEAR.format("ANSWER")], ()),
-    "no-reasoning": (dict(k=2, ablation="no-reasoning"), [], ("RETRIEVE", "THINK", "ANSWER")),
-    "no-boundary": (dict(k=2, ablation="no-boundary"), [FAR.format("THINK"), FAR.format("ANSWER")], ()),
+    "no-retrieve": (dict(PROBE, k=2, ablation="no-retrieve"), [FAR.format("RETRIEVE"), NEAR.format("ANSWER")], ()),
+    "no-think": (dict(PROBE, k=2, ablation="no-think"), [NEAR.format("THINK"), NEAR.format("ANSWER")], ()),
+    "no-reasoning": (dict(PROBE, k=2, ablation="no-reasoning"), [], ("RETRIEVE", "THINK", "ANSWER")),
+    "no-boundary": (dict(PROBE, k=2, ablation="no-boundary"), [FAR.format("THINK"), FAR.format("ANSWER")], ()),
     # never answerable: T rounds, then the final answer anyway
-    "max-rounds": (dict(k=2, T=3), [FAR.format("ANSWER"), NEAR.format("RETRIEVE")], ()),
+    "max-rounds": (dict(PROBE, k=2, T=3), [FAR.format("ANSWER"), NEAR.format("RETRIEVE")], ()),
 }
 
 
@@ -432,12 +434,14 @@ def test_T_zero_is_retrieve_once_and_answer(corpus):
 
 
 def test_without_the_probe_no_score_steps(corpus):
-    trace, _ = run_case("no-think", corpus)
+    trace, _ = run_case("no-think", corpus)  # the golden cases record Table 8's probe
     assert trace.of_kind(Score)
+    # the probe is analysis only, so off by default (issue 50): a default run asks nothing the method ignores
+    assert EvoCtxSettings().confidence_probe is False
     llm = scripted([NEAR.format("ANSWER")])
-    quiet = run(EvoCtx(EvoCtxSettings(k=2, confidence_probe=False), encoder=StubEncoder()), Q,
-                Runtime(llm, MemoryRetriever(corpus)))
+    quiet = run(EvoCtx(EvoCtxSettings(k=2), encoder=StubEncoder()), Q, Runtime(llm, MemoryRetriever(corpus)))
     assert not quiet.of_kind(Score) and chosen(quiet) == ["ANSWER"]
+    assert quiet.usage.llm_requests == 2  # the decision and the answer
 
 
 # ------------------------------------------------------------------------------------ IterDRAG
@@ -738,7 +742,8 @@ def test_the_harness_runs_evoctx_and_iterdrag_and_the_analysis_reads_the_run(tmp
                        ("asking follow-up questions", "So the final answer is: Paris")],
                       [("sufficient to answer", {"Yes": 0.7, "No": 0.3})], default="Paris")
     spec = DatasetSpec(file=str(data))
-    for method, overrides in (("evoctx", {"T": "3", "k": "1", "encoder": "bag-of-words", "oracle": "true"}),
+    for method, overrides in (("evoctx", {"T": "3", "k": "1", "encoder": "bag-of-words", "oracle": "true",
+                                          "confidence_probe": "true"}),
                               ("iterdrag", {"T": "2", "k": "1"})):
         store, results = evaluate(EvalConfig(method=method, dataset=spec, runs_dir=str(tmp_path / "runs"),
                                              overrides=overrides), progress=False, llm=llm, retriever=retriever)

@@ -34,7 +34,7 @@ def test_rows_run_on_the_same_questions_and_are_reported_against_the_reference(t
     assert "## study table on demo (limit 2, seed 0)" in out
     table = [line.split(" | ")[0] for line in out.splitlines() if line.startswith("| ") and " demo | 2 |" in line]
     assert table == ["| standard-rag", "| metarag"]  # the file's order
-    assert "against metarag-demo-openai-" in out
+    assert "Against metarag-demo-openai-" in out
     assert "### metarag-demo-openai-" in out  # each run's breakdown
     assert (tmp_path / "runs" / "study-demo.csv").is_file()
     asked = server.requests
@@ -77,8 +77,9 @@ def test_the_kept_table_runs_resume_under_their_experiment_files():
         pytest.skip("needs the shared benchmark data beside the repo")
     kept = Path(__file__).parents[1] / "docs" / "table-runs"
     for file, folder, dataset, rows in (
-            ("evoctx.toml", "evoctx-table", "hotpotqa-dev500", ("standard-rag", "iterdrag", "kirag", "evoctx")),
-            ("evoctx.toml", "evoctx-table", "musique-train100", ("standard-rag", "evoctx")),
+            ("evoctx.toml", "evoctx-table", "hotpotqa-dev500",
+             ("standard-rag", "iterdrag", "kirag", "evoctx:confidence_probe=true")),
+            ("evoctx.toml", "evoctx-table", "musique-train100", ("standard-rag", "evoctx:confidence_probe=true")),
             ("agent.toml", "agent-table", "hotpotqa-dev500",
              ("closed-book", "belief-agent", "belief-agent:probe=true"))):
         # (not the wiki-corpus datasets: a corpus path is part of the run id, and the kept runs name the

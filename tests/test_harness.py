@@ -154,10 +154,16 @@ def test_report_marks_significance_with_a_paired_test_on_per_question_scores(tmp
     bad, _ = evaluate(config(tmp_path, method="closed-book"), progress=False,
                       llm=ScriptedLLM(default="Paris"))
     base, other = load_run(bad.path), load_run(good.path)
+    # by default a 0/1 score gets the exact McNemar test: 5 discordant questions, all one way, p = 2 / 32
     table, rows = report_table([base, other], baseline=0)
+    assert rows[1]["p EM (McNemar)"] == pytest.approx(0.0625)
+    assert rows[1]["p EM (Holm)"] == pytest.approx(0.0625) and rows[1]["EM*"] == ""
+    assert "| p EM (McNemar) |" in table and "100.0 (61.0–100.0) |" in table
+    # the study's paired t-test, a named option, calls the same answers significant
+    table, rows = report_table([base, other], baseline=0, tests=("t-test",))
     expected = paired_t_test([1.0] * 6, [1.0] + [0.0] * 5).p_value
     assert rows[1]["p EM (t-test)"] == pytest.approx(expected)
-    assert expected < 0.05 and "100.00*" in table
+    assert expected < 0.05 and "100.0 (61.0–100.0)*" in table
     assert significance(base, other, "em", "randomization").p_value < 0.1
 
 

@@ -1,4 +1,6 @@
-"""The report's table: rows of one method told apart by their settings."""
+"""The report's table: rows told apart by their settings, intervals, answer form, tests by metric type, Holm,
+power."""
+import pytest
 
 
 def test_rows_of_one_method_name_the_settings_they_differ_in_an_older_run_reading_as_the_default():
@@ -49,12 +51,88 @@ def test_the_answers_a_change_moved_are_counted_each_way():
 
     from metarag.evaluate.report import answer_changes
 
-    def result(qid, prediction, em):
-        return SimpleNamespace(question_id=qid, prediction=prediction, scores=SimpleNamespace(em=em))
+    def result(qid, prediction, em, acc):
+        return SimpleNamespace(question_id=qid, prediction=prediction, scores=SimpleNamespace(em=em, acc=acc))
 
-    base = SimpleNamespace(name="old", results=(result("a", "Paris", 1.0), result("b", "the answer is Rome", 0.0),
-                                                result("c", "Oslo", 0.0), result("d", "x", 1.0)))
-    run = SimpleNamespace(name="new", results=(result("a", "Paris", 1.0), result("b", "Rome", 1.0),
-                                               result("c", "Bergen", 0.0), result("d", "y", 0.0)))
+    # gold "Rome" for b: "the answer is Rome" contains it (cover-EM 1) but is no exact match; "Rome" is both,
+    # so b changed only in form. d: "x" was right, "y" is wrong on both.
+    base = SimpleNamespace(name="old", results=(result("a", "Paris", 1.0, 1.0),
+                                                result("b", "the answer is Rome", 0.0, 1.0),
+                                                result("c", "Oslo", 0.0, 0.0), result("d", "x", 1.0, 1.0)))
+    run = SimpleNamespace(name="new", results=(result("a", "Paris", 1.0, 1.0), result("b", "Rome", 1.0, 1.0),
+                                               result("c", "Bergen", 0.0, 0.0), result("d", "y", 0.0, 0.0)))
     table = answer_changes([base, run])
-    assert "| new | 4 | 3 | 1 | 1 | +0.00 |" in table
+    assert "| new | 4 | 3 | 1 | 1 | +0.00 | 1 | 0 | 0 | 1 |" in table
+
+
+# ------------------------------------------------------------------ issue 50: intervals, form, tests by type
+def _two_runs(tmp_path):
+    from test_harness import config, reader
+
+    from metarag.evaluate.harness import evaluate
+    from metarag.evaluate.report import load_run
+    from metarag.llm.scripted import ScriptedLLM
+
+    good, _ = evaluate(config(tmp_path), progress=False, llm=reader())
+    # answers in sentence form: cover-EM right where the reader is, EM never
+    wordy = ScriptedLLM([("Passages:", lambda p: "The answer is " + __import__("test_harness").answer_from_prompt(p))])
+    bad, _ = evaluate(config(tmp_path, method="standard-rag", overrides={"k": "4"}), progress=False, llm=wordy)
+    return load_run(good.path), load_run(bad.path)
+
+
+def test_the_default_table_and_csv_carry_intervals_and_answer_form(tmp_path):
+    import csv
+
+    from metarag.cli import main
+
+    base, wordy = _two_runs(tmp_path)
+    assert main(["report", str(base.path), str(wordy.path), "--csv", str(tmp_path / "r.csv"), "--power",
+                 "--changes"]) == 0
+    rows = list(csv.DictReader(open(tmp_path / "r.csv")))
+    assert rows[1]["EM"] == "0.0" and rows[1]["cover-EM"] == "100.0"
+    assert float(rows[1]["words/answer"]) == 4.0 and float(rows[0]["words/answer"]) == 1.0
+    assert float(rows[0]["EM lo"]) == pytest.approx(100 * 0.6097, abs=0.1)  # Wilson 6 of 6
+    for column in ("EM", "cover-EM", "F1", "yes/no", "words/answer"):
+        assert f"{column} lo" in rows[0] and f"{column} hi" in rows[0]
+    assert rows[1]["p EM (McNemar)"] == rows[1]["p EM (Holm)"] == str(2 / 64)
+    assert rows[1]["Δ F1 lo"] and rows[1]["p F1 (permutation)"]
+
+
+def test_report_prints_the_columns_the_tests_and_what_the_sample_could_detect(tmp_path, capsys):
+    from metarag.cli import main
+
+    base, wordy = _two_runs(tmp_path)
+    assert main(["report", str(base.path), str(wordy.path), "--power", "--changes"]) == 0
+    out = capsys.readouterr().out
+    header = next(line for line in out.splitlines() if line.startswith("| method"))
+    for column in ("EM", "cover-EM", "F1", "words/answer", "yes/no", "p EM (McNemar)", "p EM (Holm)",
+                   "p F1 (permutation)", "Δ F1"):
+        assert f"| {column} |" in header
+    assert "| 100.0 (61.0–100.0) |" in out and "| 0.0 (0.0–39.0)* |" in out  # Wilson, starred by Holm p
+    assert "Power on EM against" in out and "| 6 | 6 (0 / 6) | -100.0 |" in out
+    # all six changed only in form: cover-EM unchanged, EM lost
+    assert "| 6 | 6 | 0 | 6 | -100.00 | 0 | 6 | 0 | 0 |" in out
+    assert not (tmp_path / "report.csv").exists()  # a CSV only when asked
+
+
+def test_holm_marks_only_what_survives_the_correction(tmp_path):
+    from types import SimpleNamespace
+
+    from metarag.evaluate.report import compare
+
+    def run(name, ems):
+        results = tuple(SimpleNamespace(question_id=f"q{i}", scores=SimpleNamespace(em=e, acc=e, f1=e))
+                        for i, e in enumerate(ems))
+        return SimpleNamespace(name=name, question_ids=tuple(r.question_id for r in results), results=results,
+                               complete=True)
+
+    base = run("base", [0] * 12)
+    # 6 of 12 gained: raw p = 2 / 64 = 0.03125 each; Holm over two comparisons: 0.0625 and 0.0625
+    runs = [base, run("a", [1] * 6 + [0] * 6), run("b", [1] * 6 + [0] * 6)]
+    rows = [{}, {}, {}]
+    compare(rows, runs, 0, ("auto",))
+    assert rows[1]["p EM (McNemar)"] == pytest.approx(0.03125)
+    assert rows[1]["p EM (Holm)"] == pytest.approx(0.0625) and rows[1]["EM*"] == ""
+    rows = [{}, {}]
+    compare(rows, runs[:2], 0, ("auto",))  # alone, the same comparison survives
+    assert rows[1]["EM*"] == "*"

@@ -84,7 +84,8 @@ def test_shards_merge_into_the_report_of_an_unsharded_run(tmp_path):
     assert [(r.question_id, r.scores, r.prediction) for r in merged.results] == \
         [(r.question_id, r.scores, r.prediction) for r in alone.results]
     assert 0 < sum(r.scores.em for r in merged.results) < len(merged.results)  # a score that can tell them apart
-    columns = ["method", "n", "failed", "EM", "F1", "Prec", "Rec", "Acc", "req/q", "tok/q", "retr/q", "support recall"]
+    columns = ["method", "n", "failed", "EM", "F1", "Prec", "Rec", "cover-EM", "req/q", "tok/q", "retr/q",
+               "support recall"]
     table, row = report_table([merged], baseline=None, columns=columns)
     assert table == report_table([alone], baseline=None, columns=columns)[0]  # the same row, but for latency
     assert "(partial)" not in table and "incomplete" not in table

@@ -202,3 +202,107 @@ def test_reward_trend_reads_the_first_and_last_window_of_a_run():
     assert (trend.diff, trend.low, trend.high) == (0.5, 0.5, 0.5)
     with pytest.raises(DataError, match="at least 40"):
         reward_trend(log[:30])
+
+
+# ------------------------------------------------------------------ issue 50: tests by metric type
+from metarag.evaluate.stats import (  # noqa: E402
+    holm,
+    mcnemar_exact,
+    mcnemar_power,
+    mean_interval,
+    paired_difference_ci,
+    power_analysis,
+    wilson_interval,
+)
+
+
+def test_mcnemar_exact_on_a_hand_computed_table():
+    # 2x2 table of (a, b): both right 3, a only 6, b only 1, both wrong 2 -> 7 discordant pairs, 6 one way.
+    # Exact two-sided binomial p = 2 * P(X <= 1 | n=7, 1/2) = 2 * (1 + 7) / 128 = 0.125
+    a = [1] * 3 + [1] * 6 + [0] * 1 + [0] * 2
+    b = [1] * 3 + [0] * 6 + [1] * 1 + [0] * 2
+    result = mcnemar_exact(a, b)
+    assert (result.gained, result.lost, result.n) == (6, 1, 12)
+    assert result.p_value == pytest.approx(16 / 128)
+    assert result.mean_diff == pytest.approx(5 / 12)
+
+
+def test_mcnemar_exact_on_the_issues_in_sample_case_and_its_edges():
+    # the issue's trained agent on 17 questions: 5 discordant pairs, all one way -> p = 2 / 32 = 0.0625
+    a = [1] * 5 + [1] * 4 + [0] * 8
+    b = [0] * 5 + [1] * 4 + [0] * 8
+    assert mcnemar_exact(a, b).p_value == pytest.approx(0.0625)
+    assert mcnemar_exact([1, 0, 1], [1, 0, 1]).p_value == 1.0  # no discordant pair
+    with pytest.raises(ValueError, match="0/1 scores"):
+        mcnemar_exact([0.5, 1.0], [0.0, 1.0])
+
+
+def test_paired_bootstrap_ci_is_reproducible_and_covers_the_true_difference():
+    rng = np.random.default_rng(11)
+    base = rng.uniform(0, 1, 400)
+    shifted = np.clip(base + 0.1 + rng.normal(0, 0.2, 400), -10, 10)  # true mean difference 0.1
+    ci = paired_difference_ci(shifted, base, seed=3)
+    assert ci == paired_difference_ci(shifted, base, seed=3)
+    assert ci != paired_difference_ci(shifted, base, seed=4)
+    assert ci.low < 0.1 < ci.high and ci.high - ci.low < 0.1
+    assert ci.estimate == pytest.approx(float(np.mean(shifted - base)))
+    # coverage over repeated synthetic samples: near the nominal 95 %
+    covered = 0
+    for trial in range(60):
+        r = np.random.default_rng(100 + trial)
+        x = r.uniform(0, 1, 120)
+        y = x + 0.05 + r.normal(0, 0.3, 120)
+        interval = paired_difference_ci(y, x, n_resamples=2000, seed=trial)
+        covered += interval.low <= 0.05 <= interval.high
+    assert covered >= 51  # 95 % of 60 is 57; binomial slack
+
+
+def test_wilson_interval_against_a_textbook_value():
+    # Wilson 95 % interval of 8 / 20 (z = 1.959964): (0.2188, 0.6134), Newcombe (1998) table I style
+    ci = wilson_interval(8, 20)
+    assert ci.estimate == 0.4
+    assert (ci.low, ci.high) == pytest.approx((0.21878, 0.61339), abs=1e-4)
+    assert wilson_interval(0, 10).low == 0.0
+    with pytest.raises(ValueError):
+        wilson_interval(3, 2)
+
+
+def test_mean_interval_brackets_the_mean_and_is_a_point_for_a_constant_sample():
+    values = [0.0, 0.5, 1.0, 0.25, 0.75] * 10
+    ci = mean_interval(values, seed=1)
+    assert ci.low < 0.5 < ci.high
+    assert mean_interval([2.0, 2.0, 2.0]).low == mean_interval([2.0, 2.0, 2.0]).high == 2.0
+
+
+def test_holm_on_a_textbook_example():
+    # Holm (1979) / the usual worked example: p = 0.01, 0.04, 0.03, 0.005 (m = 4)
+    # sorted 0.005, 0.01, 0.03, 0.04 -> 0.02, 0.03, 0.06, 0.06 (monotone), back in the given order
+    assert holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    assert holm([0.5, 0.9]) == pytest.approx([1.0, 1.0])
+    adjusted = holm([0.02, float("nan")])
+    assert adjusted[0] == pytest.approx(0.02) and np.isnan(adjusted[1])
+
+
+def test_mcnemar_power_against_hand_computed_values():
+    # n = 10, every pair discordant (psi = 1): the exact test rejects at gains <= 1 or >= 9
+    # (2 P(X <= 1 | 10, 1/2) = 0.0215 <= 0.05 < 2 P(X <= 2) = 0.109). With delta = 0.6 the gain
+    # probability is 0.8: power = P(G >= 9) + P(G <= 1) = 10 * 0.8**9 * 0.2 + 0.8**10 + tiny.
+    expected = 10 * 0.8 ** 9 * 0.2 + 0.8 ** 10 + 0.2 ** 10 + 10 * 0.2 ** 9 * 0.8
+    assert mcnemar_power(10, 1.0, 0.6) == pytest.approx(expected)
+    assert mcnemar_power(10, 1.0, 1.0) == pytest.approx(1.0)
+    # no difference: power is the test's size, at most alpha
+    assert mcnemar_power(200, 0.3, 0.0) <= 0.05
+
+
+def test_power_analysis_matches_the_normal_approximation_sample_size():
+    # Connor (1987): n = (z_a/2 sqrt(psi) + z_b sqrt(psi - delta^2))^2 / delta^2; psi 0.2, delta 0.1 -> 154.6.
+    # The exact unconditional test needs a little more than the normal approximation.
+    p = power_analysis(gained=30, lost=10, n=200)  # psi = 0.2, delta = 0.1
+    assert p.discordance == pytest.approx(0.2) and p.observed == pytest.approx(0.1)
+    assert 150 <= p.n_needed <= 175
+    assert mcnemar_power(p.n_needed, 0.2, 0.1) >= 0.8 > mcnemar_power(p.n_needed - 10, 0.2, 0.1)
+    # the detectable difference at n = 200, psi = 0.2 is below the 0.1 that needs ~160 pairs
+    assert 0.07 < p.detectable < 0.1
+    assert mcnemar_power(200, 0.2, p.detectable) == pytest.approx(0.8, abs=0.01)
+    none = power_analysis(gained=0, lost=0, n=30)
+    assert none.detectable is None and none.n_needed is None

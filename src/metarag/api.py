@@ -92,7 +92,7 @@ def run(method: str, dataset: str | Path, *, llm: str = "embedded", retriever: s
              samples: int = 1, temperature: float | None = None, top_p: float | None = None,
              judge_llm: str | None = None, judge_prompt: str = "equivalence", judge_llm_instance: Any = None,
              types: Sequence[str] = (), lora: str | Path | None = None, threads: int | None = None,
-        batch: int = 1) -> Run:
+             batch: int = 1, questions: str | None = None) -> Run:
     """Evaluate `method` on `dataset` (or resume that run) and return the run. (`run`, not
     `evaluate`: `metarag.evaluate` is the package of the harness, metrics and reports.)
 
@@ -108,7 +108,8 @@ def run(method: str, dataset: str | Path, *, llm: str = "embedded", retriever: s
     `samples`: k sampled answers per question (`eval --samples k`; `temperature` / `top_p` default to
     0.6 / 0.95), avg@k and pass@k in the table. `judge_llm`: judge every answer with this model afterwards
     (`eval --judge-llm`; `judge_prompt` names the prompt, `judge_llm_instance` replaces the model).
-    `types`: only questions of these types (`eval --types`). `lora`: a trained adapter on a llama.cpp
+    `types`: only questions of these types (`eval --types`). `questions`: a committed list of question
+    ids (`eval --questions`: "headline200", or a file of ids). `lora`: a trained adapter on a llama.cpp
     model (`eval --lora`). `threads`: the local back-end's threads (`eval --threads`). `batch`: that many
     questions in lockstep, each round's requests one batch (`eval --batch`; a transformers model decodes
     them as one padded batch).
@@ -122,7 +123,7 @@ def run(method: str, dataset: str | Path, *, llm: str = "embedded", retriever: s
     is_file = given.suffix != "" or given.exists()
     spec = DatasetSpec(preset=None if is_file else str(dataset), file=str(given) if is_file else None,
                        corpus=str(corpus) if corpus is not None else None, limit=limit, seed=seed,
-                       types=tuple(types))
+                       types=tuple(types), questions=questions)
     llm_spec = parse_llm_spec(llm, n_threads=threads, lora=str(lora) if lora is not None else None)
     config = EvalConfig(method=method, dataset=spec, llm=llm_spec, retriever=retriever,
                         overrides={k: str(v) if not isinstance(v, str) else v for k, v in (settings or {}).items()},

@@ -128,31 +128,44 @@ def _add_sweep(sub) -> None:
 
 def _add_report(sub) -> None:
     rp = sub.add_parser("report", help="tables, significance and breakdowns over finished runs",
-                        description="One markdown row per run (EM, F1, Prec, Rec, Acc, requests/q, "
-                                    "tokens/request, latency/request, retrieval calls/q, USD); with several "
-                                    "runs over the same questions, paired significance against a baseline.")
+                        description="One markdown row per run (EM, cover-EM, F1 with 95 % intervals, answer length, "
+                                    "yes/no share, requests/q, tokens, latency, retrieval calls/q, USD); with "
+                                    "several runs over the same questions, paired tests against a baseline "
+                                    "(exact McNemar on EM / cover-EM, permutation and bootstrap CI on F1), "
+                                    "Holm-corrected across the table.")
     rp.add_argument("runs", nargs="+", metavar="RUN", help="run folders (runs/<run-id>)")
     rp.add_argument("--baseline", default=None, metavar="RUN",
                     help="the run others are tested against (default: the first)")
-    rp.add_argument("--test", action="append", default=None, choices=("t-test", "bootstrap", "randomization"),
-                    help="paired test(s) for the p-values; repeatable (default: t-test)")
-    rp.add_argument("--csv", default="report.csv", metavar="PATH",
-                    help="where to write the rows as CSV (default: report.csv)")
+    rp.add_argument("--test", action="append", default=None,
+                    choices=("auto", "mcnemar", "t-test", "bootstrap", "randomization"),
+                    help="paired test(s) for the p-values, repeatable; the first is Holm-corrected and marks * "
+                         "(default: auto, the exact McNemar test on EM / cover-EM and a permutation test on F1; "
+                         "t-test: the MetaRAG study's paired t-test on every metric)")
+    rp.add_argument("--ci", choices=("inline", "columns", "none"), default="inline",
+                    help="95 %% intervals as '40.0 (33.5–46.8)' (inline, default), as lo / hi columns, or none "
+                         "(the CSV has them as columns either way)")
+    rp.add_argument("--power", action="store_true",
+                    help="also print, per comparison, the smallest EM difference detectable at 80 %% power given "
+                         "the observed discordance, and the questions the observed difference would need")
+    rp.add_argument("--csv", default=None, metavar="PATH",
+                    help="also write the rows, intervals and p-values as CSV to PATH")
     rp.add_argument("--plot", default=None, metavar="PNG", help="write F1 versus tokens per question")
     rp.add_argument("--prices", default=None, metavar="JSON",
                     help='price table {"model": {"input_per_1m": USD, "output_per_1m": USD}}')
     rp.add_argument("--columns", default=None, metavar="A,B,...",
-                    help="the table's columns, by name (default: method,retriever,model,dataset,n,failed,EM,F1,"
-                         "Prec,Rec,Acc,req/q,served req/q,cached req/q,tok/req,served tok/q,lat/req,served lat/q,"
-                         "retr/q,USD; others: reranker, tok/q, passages/q, lat/q, steps/q, prompt tok/q, "
+                    help="the table's columns, by name (default: method,retriever,model,dataset,n,failed,EM,"
+                         "cover-EM,F1,words/answer,yes/no,req/q,served req/q,cached req/q,tok/req,served tok/q,"
+                         "lat/req,served lat/q,"
+                         "retr/q,USD; others: Prec, Rec, reranker, tok/q, passages/q, lat/q, steps/q, prompt tok/q, "
                          "cached tok/q, served prompt tok/q, served completion tok/q, served USD, support recall, "
                          "first recall, <decision>/q (fixed-point/q ...), set:<method setting>, ...; served = "
                          "answered by the model, cached = by the response cache)")
     rp.add_argument("--breakdown", action="store_true",
                     help="also print each run's judge verdicts and decisions (study Table 2)")
     rp.add_argument("--changes", action="store_true",
-                    help="also print, for each run, how many answers differ from the baseline's and how many went "
-                         "from wrong to right and right to wrong (EM): what a change to a method did")
+                    help="also print, for each run, how many answers differ from the baseline's, how many went "
+                         "from wrong to right and right to wrong (EM), and how many of those changed only in form "
+                         "(cover-EM unchanged): what a change to a method did")
     rp.add_argument("--by-type", action="store_true",
                     help="also print EM per question type (MuSiQue's hops, MultiHop-RAG's query types, HotpotQA's "
                          "bridge / comparison), the types read from the runs' dataset")
@@ -466,6 +479,9 @@ def add_eval_args(p: argparse.ArgumentParser) -> None:
                    help="retrieve from this corpus instead of the questions' own paragraphs")
     p.add_argument("--limit", type=positive_int, default=None, help="evaluate a seeded sample of N questions")
     p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    p.add_argument("--questions", default=None, metavar="LIST",
+                   help="only the questions of this committed id list, before --limit: a list metarag ships for "
+                        "the dataset (headline200: the 200 questions of docs/report.md's tables) or a file of ids")
     p.add_argument("--types", default="", metavar="T1,T2",
                    help="only questions of these types, before --limit (2Wiki's comparison, bridge_comparison, "
                         "compositional, inference; HotpotQA's comparison, bridge); the run id includes them")
@@ -554,7 +570,7 @@ def eval_config_from_args(args: argparse.Namespace):
 
     dataset = DatasetSpec(preset=args.dataset, file=args.dataset_file, format=args.format,
                           corpus=args.corpus, limit=args.limit, seed=args.seed,
-                          allow_unanswerable=args.allow_unanswerable,
+                          allow_unanswerable=args.allow_unanswerable, questions=args.questions,
                           types=tuple(t.strip() for t in args.types.split(",") if t.strip()))
     runs_dir = check_folder(args.runs_dir or runs_dir_default(),
                             "--runs-dir" if args.runs_dir else "the runs folder ($METARAG_RUNS, else ./runs)")
@@ -662,8 +678,9 @@ def cmd_report(args: argparse.Namespace) -> int:
         baseline = names.index(str(base.path))
     prices = load_price_table(args.prices) if args.prices else None
     columns = [c.strip() for c in args.columns.split(",") if c.strip()] if args.columns else None
-    text, rows = format_report(runs, baseline=baseline, tests=args.test or ("t-test",), prices=prices,
-                               columns=columns, breakdowns=args.breakdown, types=args.by_type, changes=args.changes)
+    text, rows = format_report(runs, baseline=baseline, tests=args.test or ("auto",), prices=prices,
+                               columns=columns, breakdowns=args.breakdown, types=args.by_type, changes=args.changes,
+                               power=args.power, ci=args.ci)
     print(text)
     if args.csv:
         write_csv(rows, args.csv)

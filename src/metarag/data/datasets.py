@@ -7,9 +7,11 @@ paragraphs become ids of passages in that pool.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import random
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
@@ -21,7 +23,7 @@ from metarag.errors import ConfigError, DataError, close_matches
 from metarag.records import Passage, Question
 
 __all__ = ["DEMO", "EVIDENCE_FACTS", "FORMATS", "PRESETS", "Dataset", "Preset", "find_data_dir", "load_dataset",
-           "resolve_preset", "sample"]
+           "QuestionList", "question_list", "resolve_preset", "sample", "select"]
 
 
 @dataclass(frozen=True)
@@ -197,15 +199,104 @@ def sample(dataset: Dataset, limit: int, seed: int) -> Dataset:
     if limit > total:
         raise DataError(f"cannot sample {limit} questions: {dataset.name} has only {total}",
                         path=dataset.path)
-    chosen = sorted(random.Random(seed).sample(range(total), limit))
+    return _subset(dataset, sorted(random.Random(seed).sample(range(total), limit)))
+
+
+def select(dataset: Dataset, ids: Sequence[str], *, source: str = "the question list") -> Dataset:
+    """The questions whose ids are `ids`, kept in file order, a paragraph pool shrunk to theirs (as
+    `sample` does); an id the dataset lacks, or one given twice, is a DataError naming `source`."""
+    if len(set(ids)) != len(ids):
+        twice = next(i for i in ids if list(ids).count(i) > 1)
+        raise DataError(f"{source} names question {twice!r} twice", path=dataset.path)
+    position = {q.id: n for n, q in enumerate(dataset.questions)}
+    missing = [i for i in ids if i not in position]
+    if missing:
+        raise DataError(f"{source}: {len(missing)} of its {len(ids)} question ids are not in {dataset.name} "
+                        f"(first {missing[0]!r})", path=dataset.path)
+    return _subset(dataset, sorted(position[i] for i in ids))
+
+
+def _subset(dataset: Dataset, chosen: Sequence[int]) -> Dataset:
     picked = replace(dataset, questions=tuple(dataset.questions[i] for i in chosen),
-                     missing_support=tuple(dataset.missing_support[i] for i in chosen))
+                     missing_support=tuple(dataset.missing_support[i] for i in chosen)
+                     if dataset.missing_support else ())
     if dataset.contexts is None or dataset.passages is None:
         return picked
     contexts = tuple(dataset.contexts[i] for i in chosen)
     by_id = {p.id: p for p in dataset.passages}
     pool = dict.fromkeys(pid for context in contexts for pid in context)
     return replace(picked, contexts=contexts, passages=tuple(by_id[pid] for pid in pool))
+
+
+# ----------------------------------------------------------------------------- question lists
+@dataclass(frozen=True)
+class QuestionList:
+    """A committed list of question ids of one dataset: the questions a table runs on, so anyone re-runs
+    exactly them (`--questions NAME|FILE`). `how` says how the ids were drawn."""
+
+    name: str
+    dataset: str
+    ids: tuple[str, ...]
+    how: str
+    path: str
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256("\n".join(self.ids).encode()).hexdigest()
+
+
+def _lists_folder():
+    return resources.files("metarag") / "data" / "questions"
+
+
+def named_question_lists(dataset: str | None = None) -> dict[str, list[str]]:
+    """The lists shipped with metarag, {list name: [datasets it exists for]} (only `dataset`'s, given)."""
+    out: dict[str, list[str]] = {}
+    folder = _lists_folder()
+    for entry in sorted(folder.iterdir(), key=lambda e: e.name) if folder.is_dir() else ():
+        stem, _, rest = entry.name.partition(".")
+        if rest.endswith(".json") and (dataset is None or stem == dataset):
+            out.setdefault(rest[: -len(".json")], []).append(stem)
+    return out
+
+
+def question_list(spec: str, dataset: str) -> QuestionList:
+    """The question list `spec` names for dataset `dataset`: a list shipped with metarag
+    (`data/questions/<dataset>.<name>.json`, e.g. "headline200"), or a file of ids (a JSON list, a JSON
+    object with "ids", or one id a line). A shipped list made for another dataset is a ConfigError."""
+    entry = _lists_folder() / f"{dataset}.{spec}.json"
+    if "/" not in spec and not spec.endswith((".json", ".txt")):
+        if not entry.is_file():
+            known = named_question_lists(dataset)
+            raise ConfigError(f"no question list {spec!r} for {dataset}"
+                              + (f"; lists: {', '.join(known)}" if known else " (metarag ships none for it)")
+                              + "; or give a file of question ids")
+        raw = json.loads(entry.read_text(encoding="utf-8"))
+        if raw.get("dataset") != dataset:
+            raise DataError(f"question list {spec!r} says it is for {raw.get('dataset')!r}, not {dataset}",
+                            path=str(entry))
+        return QuestionList(spec, dataset, tuple(map(str, raw["ids"])), raw.get("how", ""), str(entry))
+    path = Path(spec).expanduser()
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"no question list file {spec!r}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise DataError(f"unreadable question list: {exc}", path=str(path)) from None
+    if text.lstrip().startswith(("[", "{")):
+        try:
+            raw = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise DataError(f"question list is not valid JSON: {exc}", path=str(path)) from None
+        ids = raw.get("ids") if isinstance(raw, dict) else raw
+        if not isinstance(ids, list) or not all(isinstance(i, (str, int)) for i in ids):
+            raise DataError("a question list holds a list of ids (or an object with \"ids\": [...])", path=str(path))
+        how = raw.get("how", "") if isinstance(raw, dict) else ""
+    else:
+        ids, how = [line.strip() for line in text.splitlines() if line.strip()], ""
+    if not ids:
+        raise DataError("the question list is empty", path=str(path))
+    return QuestionList(path.stem, dataset, tuple(map(str, ids)), how, str(path))
 
 
 # ----------------------------------------------------------------------------------- presets

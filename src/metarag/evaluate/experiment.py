@@ -10,6 +10,7 @@ takes comments, so each table says in its own file where its alignment comes fro
     name = "study"                       # the report's CSV: RUNS/<name>-<dataset>.csv
     reference = "metarag"                # a row's label: its method, or "method:key=value,..."
     datasets = ["hotpotqa-dev500", "2wiki-dev1000"]
+    questions = "headline200"            # a committed id list of each dataset (`--questions`; absent: all)
     limit = 30                           # a seeded sample of each dataset (0 or absent: all)
     seed = 0
     llm = "embedded"                     # a spec as --llm takes it
@@ -17,6 +18,7 @@ takes comments, so each table says in its own file where its alignment comes fro
     retriever = "bm25"
     columns = ""                         # the report's columns (as --columns; empty: the default)
     breakdown = true                     # each run's judge / decision breakdown under the table
+    power = true                         # what each comparison could detect (report --power)
     judge_llm = "embedded"               # judge every answer with this model (LLM-as-judge accuracy)
     judge_prompt = "equivalence"         # its prompt (judges.correctness.PROMPTS; absent: the judge's default)
     samples = 4                          # k sampled answers a question (avg@k / pass@k; default 1, greedy)
@@ -44,18 +46,24 @@ import tomllib
 
 from metarag.errors import ConfigError, DataError, MetaRAGError
 
-FIELDS = {"name", "title", "reference", "datasets", "limit", "seed", "llm", "threads", "prefix_chunk", "retriever",
-          "columns", "breakdown", "judge_llm", "judge_prompt", "samples", "per_dataset", "rows"}
+FIELDS = {"name", "title", "reference", "datasets", "questions", "limit", "seed", "llm", "threads", "prefix_chunk",
+          "retriever",
+          "columns", "breakdown", "power", "judge_llm", "judge_prompt", "samples", "per_dataset", "rows"}
 PER_DATASET_FIELDS = {"corpus", "prefix_chunk"}
-ROW_FIELDS = {"method", "settings"}
+ROW_FIELDS = {"method", "settings", "datasets"}
 
 
 @dataclass(frozen=True)
 class Row:
-    """One row of a table: a method and the settings it runs with (`--set key=value`)."""
+    """One row of a table: a method and the settings it runs with (`--set key=value`); `datasets`: only
+    on these of the table's datasets (empty: on all), for a row a paper reports on some benchmarks only."""
 
     method: str
     settings: tuple[tuple[str, str], ...] = ()
+    datasets: tuple[str, ...] = field(default=(), compare=False)
+
+    def runs_on(self, dataset: str) -> bool:
+        return not self.datasets or dataset in self.datasets
 
     @property
     def label(self) -> str:
@@ -86,6 +94,7 @@ class Experiment:
     datasets: tuple[str, ...]
     reference: str | None = None
     title: str = ""
+    questions: str | None = None
     limit: int | None = None
     seed: int = 0
     llm: str = "embedded"
@@ -94,6 +103,7 @@ class Experiment:
     retriever: str = "bm25"
     columns: str = ""
     breakdown: bool = True
+    power: bool = False
     judge_llm: str | None = None
     judge_prompt: str | None = None  # the answer judge's prompt (judges.correctness.PROMPTS; None: its default)
     samples: int = 1
@@ -153,11 +163,17 @@ def experiment_from_dict(raw: Mapping[str, Any], file: Path | None = None) -> Ex
         if not isinstance(entry, dict) or "method" not in entry or not isinstance(entry["method"], str):
             raise bad(f"rows[{i}] needs a method name (method = \"...\")")
         if set(entry) - ROW_FIELDS:
-            raise bad(f"rows[{i}]: unknown field {sorted(set(entry) - ROW_FIELDS)[0]!r} (fields: method, settings)")
+            raise bad(f"rows[{i}]: unknown field {sorted(set(entry) - ROW_FIELDS)[0]!r} "
+                      f"(fields: {', '.join(sorted(ROW_FIELDS))})")
         settings = entry.get("settings", {})
         if not isinstance(settings, dict):
             raise bad(f"rows[{i}]: settings must be a table, e.g. settings = {{ k = 5 }}")
-        rows.append(Row(entry["method"], tuple((k, _text(v)) for k, v in settings.items())))
+        only = entry.get("datasets", [])
+        if not isinstance(only, list) or not all(isinstance(d, str) for d in only):
+            raise bad(f"rows[{i}]: datasets must be a list of the table's dataset names")
+        if stray := [d for d in only if d not in raw.get("datasets", [])]:
+            raise bad(f"rows[{i}]: dataset {stray[0]!r} is not among the table's datasets")
+        rows.append(Row(entry["method"], tuple((k, _text(v)) for k, v in settings.items()), tuple(only)))
     if not rows:
         raise bad("no rows")
     labels = [r.label for r in rows]
@@ -175,17 +191,18 @@ def experiment_from_dict(raw: Mapping[str, Any], file: Path | None = None) -> Ex
                       f"(fields: {', '.join(sorted(PER_DATASET_FIELDS))})")
         if not isinstance(options.get("corpus", ""), str) or not isinstance(options.get("prefix_chunk", 0), int):
             raise bad(f"per_dataset.{name}: corpus is a file path, prefix_chunk an integer")
-    types = {"name": str, "title": str, "reference": str, "limit": int, "seed": int, "llm": str, "threads": int,
-             "prefix_chunk": int, "retriever": str, "columns": str, "breakdown": bool, "judge_llm": str,
-             "judge_prompt": str, "samples": int}
+    types = {"name": str, "title": str, "reference": str, "questions": str, "limit": int, "seed": int, "llm": str,
+             "threads": int, "prefix_chunk": int, "retriever": str, "columns": str, "breakdown": bool, "power": bool,
+             "judge_llm": str, "judge_prompt": str, "samples": int}
     for key, kind in types.items():
         if key in raw and (not isinstance(raw[key], kind) or (kind is int and isinstance(raw[key], bool))):
             raise bad(f"{key} must be a {kind.__name__}, got {raw[key]!r}")
     experiment = Experiment(
         name=raw["name"], rows=tuple(rows), datasets=tuple(datasets), reference=raw.get("reference"),
-        title=raw.get("title", ""), limit=raw.get("limit") or None, seed=raw.get("seed", 0),
-        llm=raw.get("llm", "embedded"), threads=raw.get("threads"), prefix_chunk=raw.get("prefix_chunk", 0),
-        retriever=raw.get("retriever", "bm25"), columns=raw.get("columns", ""), breakdown=raw.get("breakdown", True),
+        title=raw.get("title", ""), questions=raw.get("questions") or None, limit=raw.get("limit") or None,
+        seed=raw.get("seed", 0), llm=raw.get("llm", "embedded"), threads=raw.get("threads"),
+        prefix_chunk=raw.get("prefix_chunk", 0), retriever=raw.get("retriever", "bm25"), columns=raw.get("columns", ""),
+        breakdown=raw.get("breakdown", True), power=raw.get("power", False),
         judge_llm=raw.get("judge_llm"), judge_prompt=raw.get("judge_prompt"), samples=raw.get("samples", 1),
         per_dataset={k: dict(v) for k, v in per_dataset.items()}, path=file)
     if experiment.reference is not None and experiment.reference_row() is None:
@@ -214,7 +231,8 @@ def eval_config(experiment: Experiment, row: Row, dataset: str, runs_dir: str | 
     corpus = options.get("corpus")
     if corpus is not None:
         corpus = corpus.replace("{data}", data_folder(experiment.path))
-    spec = DatasetSpec(preset=dataset, corpus=corpus, limit=experiment.limit, seed=experiment.seed)
+    spec = DatasetSpec(preset=dataset, corpus=corpus, questions=experiment.questions, limit=experiment.limit,
+                       seed=experiment.seed)
     return EvalConfig(method=row.method, dataset=spec,
                       llm=parse_llm_spec(llm or experiment.llm, n_threads=experiment.threads,
                                          response_cache=response_cache,
@@ -254,6 +272,8 @@ def run_experiment(experiment: Experiment, runs_dir: str | Path, *, rows: Sequen
     for dataset in names:
         folders, ran, reference = [], [], None
         for row in table_rows:
+            if not row.runs_on(dataset):
+                continue
             config = eval_config(experiment, row, dataset, runs_dir, llm=llm, response_cache=response_cache)
             if not report_only and row in to_run:
                 log(f"== {row.label} on {dataset}")
@@ -275,8 +295,11 @@ def run_experiment(experiment: Experiment, runs_dir: str | Path, *, rows: Sequen
             continue
         runs = [load_run(f) for f in folders]
         columns = [c.strip() for c in experiment.columns.split(",") if c.strip()] or None
-        table, report_rows = format_report(runs, baseline=reference, columns=columns, breakdowns=experiment.breakdown)
+        table, report_rows = format_report(runs, baseline=reference, columns=columns, breakdowns=experiment.breakdown,
+                                           power=experiment.power)
         limit = f"limit {experiment.limit}" if experiment.limit else "all questions"
+        if experiment.questions:
+            limit = f"questions {experiment.questions}" + (f", {limit}" if experiment.limit else "")
         text = f"## {experiment.name} table on {dataset} ({limit}, seed {experiment.seed})\n{table}"
         write_csv(report_rows, Path(runs_dir) / f"{experiment.name}-{dataset}.csv")
         reports.append(text)

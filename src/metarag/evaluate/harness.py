@@ -50,6 +50,9 @@ class DatasetSpec:
     seed: int = 0
     allow_unanswerable: bool = False  # score questions without a gold answer as unanswerable
     types: tuple[str, ...] = ()  # only questions of these types (HotpotQA's / 2Wiki's), before the sample
+    # a committed list of question ids (`--questions`): a list shipped for the preset ("headline200") or a
+    # file of ids; applied before `limit`, which then samples within it
+    questions: str | None = None
 
     def label(self) -> str:
         return self.preset or Path(self.file or "dataset").stem
@@ -140,6 +143,11 @@ def load_questions(spec: DatasetSpec):
             raise ConfigError(f"{dataset.name} gives no question types, so --types cannot pick among them "
                               "(2wiki-dev1000, hotpotqa-train100 and HotpotQA-format files give them)")
         dataset = question_slice(dataset, tuple(spec.types))
+    if spec.questions:
+        from metarag.data.datasets import question_list, select
+
+        listed = question_list(spec.questions, dataset.name)
+        dataset = select(dataset, listed.ids, source=f"question list {spec.questions!r}")
     if spec.limit is not None:
         if spec.limit < 1:
             raise ConfigError("--limit must be at least 1")
@@ -156,7 +164,7 @@ def run_dataset(settings: Mapping[str, Any], path: str | None = None, *, sampled
     if not (saved.get("preset") or saved.get("file")):
         raise DataError("the run's settings name no dataset", path=path)
     names = ("preset", "file", "corpus", "allow_unanswerable") + (() if saved.get("preset") else ("format",))
-    names += ("limit", "seed", "types") if sampled else ()
+    names += ("limit", "seed", "types", "questions") if sampled else ()
     fields = {k: saved[k] for k in names if saved.get(k) is not None}
     if "types" in fields:
         fields["types"] = tuple(fields["types"])
@@ -192,9 +200,11 @@ def prepare(config: EvalConfig):
     resolved = {
         "method": config.method,
         "method_settings": to_plain(settings),
-        # allow_unanswerable only where set, so the run ids of runs without it stay put
+        # allow_unanswerable, types and questions only where set, so the run ids of runs without them stay
+        # put; a question list by the ids it selects, not by its name or path
         "dataset": {**{k: v for k, v in asdict(config.dataset).items()
-                       if k not in ("allow_unanswerable", "types") or v},
+                       if k not in ("allow_unanswerable", "types", "questions") or v},
+                    **({"question_ids_sha256": _ids_sha256(dataset.questions)} if config.dataset.questions else {}),
                     "name": dataset.name, "format": dataset.format,
                     "sha256": dataset.sha256, "n_questions": len(dataset.questions)},
         "corpus_fingerprint": corpus_fingerprint(dataset.passages) if needs_corpus else None,
@@ -227,6 +237,10 @@ def prepare(config: EvalConfig):
     run_id = f"{config.method}-{config.dataset.label()}-{config.llm.backend}-{settings_hash(resolved)}"
     store = RunStore(Path(config.runs_dir) / run_id, config.shard)
     return store, build_method(config.method, config.overrides), dataset, resolved
+
+
+def _ids_sha256(questions) -> str:
+    return hashlib.sha256("\n".join(q.id for q in questions).encode()).hexdigest()
 
 
 def score(question: Question, trace: Trace, sample: int = 0) -> QuestionResult:

@@ -16,15 +16,31 @@ from metarag.errors import ConfigError, DataError
 from metarag.evaluate.cost import Price, model_name, price_for, served_usage
 from metarag.evaluate.runs import QuestionResult, RunStore
 from metarag.evaluate.stats import (
+    Interval,
     TestResult,
     approximate_randomization,
+    holm,
+    mcnemar_exact,
+    mean_interval,
     paired_bootstrap,
+    paired_difference_ci,
     paired_t_test,
+    power_analysis,
     significance_mark,
+    wilson_interval,
 )
+from metarag.metrics import normalize_answer
 from metarag.records import Decide, Judge, Rerank, to_plain
 
-TESTS = ("t-test", "bootstrap", "randomization")
+# "auto": the test that fits the score, exact McNemar on 0/1 scores (EM, cover-EM), a paired permutation
+# (sign flips) on continuous ones (F1); "t-test" is the MetaRAG study's choice (its Tables 1, 4 and 5)
+TESTS = ("auto", "mcnemar", "t-test", "bootstrap", "randomization")
+# per-question answer metrics a table compares: (row key, QuestionResult.scores field, 0/1 score?)
+COMPARED = (("EM", "em", True), ("cover-EM", "acc", True), ("F1", "f1", False))
+BINARY_METRICS = frozenset({"em", "acc"})
+# the header names of the tests (a column says which test gave its p)
+TEST_NAMES = {"mcnemar": "McNemar", "t-test": "t-test", "bootstrap": "bootstrap", "randomization": "permutation"}
+CI_MODES = ("inline", "columns", "none")
 
 
 @dataclass(frozen=True)
@@ -83,6 +99,8 @@ def summarize(run: LoadedRun, prices: dict[str, Price] | None = None) -> dict:
     first = [r.first_support_recall for r in results if r.first_support_recall is not None]
     decisions = Counter(s.name for r in results for s in r.trace.steps if isinstance(s, Decide))
     mean = lambda xs: sum(xs) / len(xs) if xs else None  # noqa: E731
+    words = [len(r.prediction.split()) for r in results]
+    yes_no = [normalize_answer(r.prediction) in ("yes", "no") for r in results]
     return {
         "run": run.name,
         "method": method_label(run.settings),
@@ -104,7 +122,9 @@ def summarize(run: LoadedRun, prices: dict[str, Price] | None = None) -> dict:
         "F1": 100 * mean([r.scores.f1 for r in results]),
         "Prec": 100 * mean([r.scores.precision for r in results]),
         "Rec": 100 * mean([r.scores.recall for r in results]),
-        "Acc": 100 * mean([r.scores.acc for r in results]),
+        "cover-EM": 100 * mean([r.scores.acc for r in results]),
+        "words/answer": mean(words),
+        "yes/no": 100 * mean(yes_no),
         "req/q": requests / n,
         "served req/q": sum(u.llm_requests for u in served) / n,
         "cached req/q": sum(u.cache_hits for u in usages) / n,
@@ -136,7 +156,29 @@ def summarize(run: LoadedRun, prices: dict[str, Price] | None = None) -> dict:
            if isinstance(value, (str, int, float, bool))},
         **judged_columns(run),
         **sample_columns(run),
+        **intervals(results, served),
     }
+
+
+def intervals(results: Sequence[QuestionResult], served: Sequence) -> dict:
+    """Each per-question metric's 95 % interval as "<column> lo" / "<column> hi": Wilson for the rates
+    (EM, cover-EM, yes/no answers), a seeded percentile bootstrap for the means (F1, precision, recall,
+    answer length, served tokens and seconds per question)."""
+    n = len(results)
+    out: dict = {}
+
+    def put(column: str, ci: Interval, scale: float = 1.0) -> None:
+        out[f"{column} lo"], out[f"{column} hi"] = scale * ci.low, scale * ci.high
+
+    for column, field_name in (("EM", "em"), ("cover-EM", "acc")):
+        put(column, wilson_interval(int(round(sum(getattr(r.scores, field_name) for r in results))), n), 100)
+    put("yes/no", wilson_interval(sum(normalize_answer(r.prediction) in ("yes", "no") for r in results), n), 100)
+    for column, field_name in (("F1", "f1"), ("Prec", "precision"), ("Rec", "recall")):
+        put(column, mean_interval([getattr(r.scores, field_name) for r in results]), 100)
+    put("words/answer", mean_interval([len(r.prediction.split()) for r in results]))
+    put("served tok/q", mean_interval([float(u.total_tokens) for u in served]))
+    put("served lat/q", mean_interval([u.latency_s for u in served]))
+    return out
 
 
 # Shown after the default columns when a run has them: the LLM judge's accuracy and its agreement with
@@ -258,26 +300,48 @@ def _short(value) -> str:
     return Path(text).name if "/" in text else text
 
 
-def paired_scores(baseline: LoadedRun, other: LoadedRun, metric: str) -> tuple[list[float], list[float]]:
-    """Per-question scores of two runs over the same questions, aligned by question id."""
+def paired_scores(baseline: LoadedRun, other: LoadedRun, metric: str,
+                  partial: bool = False) -> tuple[list[float], list[float]]:
+    """Per-question scores of two runs over the same questions, aligned by question id: (other's,
+    baseline's). Both runs must be finished, unless `partial`: then the questions both have finished
+    (a table of rows still running compares what it can)."""
     if set(baseline.question_ids) != set(other.question_ids):
         raise DataError(f"runs {baseline.name} and {other.name} are over different question sets "
                         f"({len(baseline.question_ids)} vs {len(other.question_ids)} questions); "
                         "significance needs the same questions")
-    if not (baseline.complete and other.complete):
+    if not partial and not (baseline.complete and other.complete):
         raise DataError(f"run {baseline.name if not baseline.complete else other.name} is not finished: "
                         "resume it before testing significance")
     a = {r.question_id: getattr(r.scores, metric) for r in baseline.results}
     b = {r.question_id: getattr(r.scores, metric) for r in other.results}
-    return [b[i] for i in baseline.question_ids], [a[i] for i in baseline.question_ids]
+    shared = [i for i in baseline.question_ids if i in a and i in b]
+    if not shared:
+        raise DataError(f"runs {baseline.name} and {other.name} have no finished question in common yet")
+    return [b[i] for i in shared], [a[i] for i in shared]
 
 
-def significance(baseline: LoadedRun, other: LoadedRun, metric: str, test: str = "t-test",
-                 n_resamples: int = 10_000, seed: int = 0) -> TestResult:
-    """Paired test of `other` against `baseline` on one per-question metric (em, f1, ...)."""
+def resolve_test(test: str, metric: str) -> str:
+    """The test `test` means for `metric`: "auto" is the exact McNemar test on a 0/1 score and the
+    paired permutation test on a continuous one; McNemar on a continuous score is a ConfigError."""
     if test not in TESTS:
         raise ConfigError(f"unknown test {test!r}; valid: {', '.join(TESTS)}")
-    mine, theirs = paired_scores(baseline, other, metric)
+    if test == "auto":
+        return "mcnemar" if metric in BINARY_METRICS else "randomization"
+    if test == "mcnemar" and metric not in BINARY_METRICS:
+        raise ConfigError(f"the exact McNemar test is for 0/1 scores (em, acc), not {metric!r}")
+    return test
+
+
+def significance(baseline: LoadedRun, other: LoadedRun, metric: str, test: str = "auto",
+                 n_resamples: int = 10_000, seed: int = 0, partial: bool = False) -> TestResult:
+    """Paired test of `other` against `baseline` on one per-question metric (em, acc, f1, ...); `test`
+    as `resolve_test` reads it; `partial`: over the questions both have finished."""
+    test = resolve_test(test, metric)
+    mine, theirs = paired_scores(baseline, other, metric, partial)
+    if test == "mcnemar":
+        result = mcnemar_exact(mine, theirs)
+        return TestResult(statistic=float(result.gained - result.lost), p_value=result.p_value,
+                          mean_diff=result.mean_diff, n=result.n)
     if test == "t-test":
         return paired_t_test(mine, theirs)
     if test == "bootstrap":
@@ -285,20 +349,91 @@ def significance(baseline: LoadedRun, other: LoadedRun, metric: str, test: str =
     return approximate_randomization(mine, theirs, n_resamples=n_resamples, seed=seed)
 
 
-# requests, tokens and latency both as the papers count them (all requests) and as the model served them
-COLUMNS = ("method", "retriever", "model", "dataset", "n", "failed", "EM", "F1", "Prec", "Rec", "Acc", "req/q",
-           "served req/q", "cached req/q", "tok/req", "served tok/q", "lat/req", "served lat/q", "retr/q", "USD")
+def test_header(test: str, metric: str) -> str:
+    """How a p-value column names its test, e.g. "McNemar", "permutation", "t-test"."""
+    return TEST_NAMES[resolve_test(test, metric)]
+
+
+def compare(rows: list[dict], runs: Sequence[LoadedRun], baseline: int, tests: Sequence[str]) -> list[str]:
+    """Each run against the baseline run on EM, cover-EM and F1: the difference in points (F1's with its
+    paired bootstrap 95 % CI), the p of each test in `tests`, and the first test's p adjusted by Holm
+    over the table's comparisons, one family per metric; `<metric>*` is "*" where the adjusted p < 0.05.
+    A run not finished (or a baseline not finished) is compared on the questions both have finished, and
+    its row's "pairs" says on how many. Returns the names of the columns added, in table order."""
+    base = runs[baseline]
+    others = [i for i in range(len(runs)) if i != baseline]
+    added: list[str] = []
+    rows[baseline]["vs"] = "reference"
+    partial = not all(run.complete for run in runs)
+    for column, metric, binary in COMPARED:
+        first = test_header(tests[0], metric)
+        raw = []
+        for i in others:
+            mine, theirs = paired_scores(base, runs[i], metric, partial=True)
+            rows[i]["vs"] = base.name
+            rows[i]["pairs"] = len(mine)
+            rows[i][f"Δ {column}"] = 100 * (sum(mine) - sum(theirs)) / len(mine)
+            if not binary:
+                ci = paired_difference_ci(mine, theirs)
+                rows[i][f"Δ {column} lo"], rows[i][f"Δ {column} hi"] = 100 * ci.low, 100 * ci.high
+            for test in tests:
+                rows[i][f"p {column} ({test_header(test, metric)})"] = significance(
+                    base, runs[i], metric, test, partial=True).p_value
+            raw.append(rows[i][f"p {column} ({first})"])
+        for i, adjusted in zip(others, holm(raw)):
+            rows[i][f"p {column} (Holm)"] = adjusted
+            rows[i][f"{column}*"] = significance_mark(adjusted)
+        added += [f"Δ {column}"] + list(dict.fromkeys(f"p {column} ({test_header(t, metric)})" for t in tests))
+        added.append(f"p {column} (Holm)")
+    return (["pairs"] if partial else []) + added
+
+
+def power_table(runs: Sequence[LoadedRun], baseline: int, power: float = 0.8, alpha: float = 0.05) -> str:
+    """Per comparison against the baseline, what the sample could tell on EM (exact McNemar at `alpha`):
+    the discordant pairs, the observed difference, the smallest difference detectable with probability
+    `power` at this n and the observed discordance, and the n the observed difference would need."""
+    base = runs[baseline]
+    lines = [f"### Power on EM against {base.name} (exact McNemar, alpha {alpha}, power {power:.0%})", "",
+             "| run | n | discordant (gained / lost) | Δ EM observed | Δ EM detectable | n for the observed Δ |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for i, run in enumerate(runs):
+        if i == baseline:
+            continue
+        mine, theirs = paired_scores(base, run, "em", partial=True)
+        test = mcnemar_exact(mine, theirs)
+        p = power_analysis(test.gained, test.lost, test.n, power=power, alpha=alpha)
+        detectable = "–" if p.detectable is None else f"±{100 * p.detectable:.1f}"
+        needed = "–" if p.n_needed is None else str(p.n_needed)
+        lines.append(f"| {run.name} | {p.n} | {test.gained + test.lost} ({test.gained} / {test.lost}) | "
+                     f"{100 * p.observed:+.1f} | {detectable} | {needed} |")
+    lines += ["", "Δ EM detectable: the smallest difference in EM points the test finds with that power, given "
+              "the observed share of discordant questions; n for the observed Δ: the questions it would need "
+              "(– where no difference was observed, or none is detectable)."]
+    return "\n".join(lines)
+
+
+# requests, tokens and latency both as the papers count them (all requests) and as the model served them;
+# the answer-form columns (cover-EM, words/answer, yes/no) beside EM, since EM moves with an answer's form
+COLUMNS = ("method", "retriever", "model", "dataset", "n", "failed", "EM", "cover-EM", "F1", "words/answer", "yes/no",
+           "req/q", "served req/q", "cached req/q", "tok/req", "served tok/q", "lat/req", "served lat/q", "retr/q",
+           "USD")
+# columns shown with their 95 % interval in the markdown table (`--ci inline`)
+CI_COLUMNS = ("EM", "cover-EM", "F1", "Prec", "Rec", "words/answer", "yes/no", "served tok/q", "served lat/q")
 FAILED_MARK = " !"  # on the `failed` cell of a run with failed questions; a note under the table names them
 
 
-def report_table(runs: Sequence[LoadedRun], *, baseline: int | None = 0, tests: Sequence[str] = ("t-test",),
+def report_table(runs: Sequence[LoadedRun], *, baseline: int | None = 0, tests: Sequence[str] = ("auto",),
                  prices: dict[str, Price] | None = None,
-                 columns: Sequence[str] | None = None) -> tuple[str, list[dict]]:
-    """A markdown table (one row per run) and the rows; with a baseline, each other run's EM and F1
-    carry `*` where a paired test gives p < 0.05, and the p-values are columns of their own.
-    `columns` picks the table's columns among the row's keys (default COLUMNS); the p-value columns
-    follow them either way. A run with failed questions gets FAILED_MARK on its `failed` cell and a
-    line under the table with the count and its first error, whichever columns are shown."""
+                 columns: Sequence[str] | None = None, ci: str = "inline") -> tuple[str, list[dict]]:
+    """A markdown table (one row per run) and the rows. Each rate and mean carries its 95 % interval
+    (`ci` "inline": "40.0 (33.5–46.8)"; "columns": its own lo / hi columns; "none": the value alone; the
+    rows hold "<column> lo" / "<column> hi" either way). With a baseline, each other run is compared to
+    it on EM, cover-EM and F1 (`compare`): differences, raw p of each test, Holm-adjusted p, and `*`
+    on a cell only where the adjusted p < 0.05. `columns` picks the table's columns among the row's keys
+    (default COLUMNS); the comparison columns follow them either way. A run with failed questions gets
+    FAILED_MARK on its `failed` cell and a line under the table with the count and its first error."""
+    if ci not in CI_MODES:
+        raise ConfigError(f"unknown interval display {ci!r}; valid: {', '.join(CI_MODES)}")
     rows = [summarize(r, prices) for r in runs]
     tell_apart(rows, runs)
     if columns is not None:
@@ -309,28 +444,27 @@ def report_table(runs: Sequence[LoadedRun], *, baseline: int | None = 0, tests: 
             known = sorted({k for row in rows for k in row})
             raise ConfigError(f"unknown report column(s) {', '.join(map(repr, unknown))}; "
                               f"valid: {', '.join(known)}")
+    compared: list[str] = []
     if baseline is not None and len(runs) > 1:
-        base = runs[baseline]
-        for i, (run, row) in enumerate(zip(runs, rows)):
-            if i == baseline:
-                row["vs"] = "baseline"
-                continue
-            row["vs"] = base.name
-            for metric, column in (("em", "EM"), ("f1", "F1")):
-                for test in tests:
-                    row[f"p {column} ({test})"] = significance(base, run, metric, test).p_value
-                row[f"{column}*"] = significance_mark(row[f"p {column} ({tests[0]})"])
+        compared = compare(rows, runs, baseline, tests)
     if columns is None:
         columns = list(COLUMNS) + [c for c in JUDGE_COLUMNS + SAMPLE_COLUMNS if any(c in row for row in rows)]
-    columns = list(columns) + sorted({k for row in rows for k in row if k.startswith("p ")})
+    if ci == "columns":
+        columns = [x for c in columns for x in ((c, f"{c} lo", f"{c} hi") if c in CI_COLUMNS else (c,))]
+    columns = list(columns) + compared
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for row in rows:
         cells = []
         for c in columns:
             value = row.get(c)
             text = _fmt(value)
-            if c in ("EM", "F1"):
-                text += row.get(f"{c}*", "")
+            if ci == "inline" and c in CI_COLUMNS and value is not None and f"{c} lo" in row:
+                text = f"{value:.1f} ({row[c + ' lo']:.1f}–{row[c + ' hi']:.1f})"
+            if c.startswith("Δ ") and value is not None:
+                text = f"{value:+.1f}"
+                if f"{c} lo" in row:
+                    text += f" ({row[c + ' lo']:+.1f}–{row[c + ' hi']:+.1f})"
+            text += row.get(f"{c}*", "")
             if c in ("n",) and not row["complete"]:
                 text += " (partial)"
             if c == "failed" and row["failed"]:
@@ -343,6 +477,17 @@ def report_table(runs: Sequence[LoadedRun], *, baseline: int | None = 0, tests: 
     if notes:
         lines += ["", *notes]
     return "\n".join(lines), rows
+
+
+def comparison_legend(runs: Sequence[LoadedRun], baseline: int, tests: Sequence[str]) -> str:
+    """The line under a compared table: its reference, its tests and its correction."""
+    first = tests[0]
+    how = (f"EM and cover-EM by the {test_header(first, 'em')} test, F1 by the {test_header(first, 'f1')} test"
+           if first == "auto" else f"all three by the paired {test_header(first, 'f1')}")
+    return (f"\nAgainst {runs[baseline].name}, on the same questions: Δ in points (F1's with a paired bootstrap "
+            f"95 % CI, 10,000 resamples); p two-sided, {how}; * where p adjusted by Holm over the table's "
+            f"{len(runs) - 1} comparisons (per metric) is < 0.05. Rates carry Wilson 95 % intervals, means "
+            "bootstrap ones.")
 
 
 def incomplete_note(run: LoadedRun) -> str:
@@ -359,21 +504,23 @@ DEGENERATE_SHARE = 0.95
 DEGENERATE_NOTE = "degenerate: one verdict >= 95 %"
 
 
-def format_report(runs: Sequence[LoadedRun], *, baseline: int | None = 0, tests: Sequence[str] = ("t-test",),
+def format_report(runs: Sequence[LoadedRun], *, baseline: int | None = 0, tests: Sequence[str] = ("auto",),
                   prices: dict[str, Price] | None = None, columns: Sequence[str] | None = None,
-                  breakdowns: bool = False,
-                  types: bool = False, changes: bool = False) -> tuple[str, list[dict]]:
+                  breakdowns: bool = False, types: bool = False, changes: bool = False, power: bool = False,
+                  ci: str = "inline") -> tuple[str, list[dict]]:
     """What `metarag report` prints for `runs` (and `metarag experiment` for each dataset): the table,
     the line naming the reference of its paired tests, the answer judge's table where a run has one,
     each run's breakdown (`breakdowns`), the by-question-type table (`types`) and the answers each run
-    changed against the baseline (`changes`); and the table's rows."""
+    changed against the baseline (`changes`), what the comparisons could detect (`power`); and the table's
+    rows."""
     from metarag.evaluate.answer_judge import format_answer_judges
 
-    table, rows = report_table(runs, baseline=baseline, tests=tuple(tests), prices=prices, columns=columns)
+    table, rows = report_table(runs, baseline=baseline, tests=tuple(tests), prices=prices, columns=columns, ci=ci)
     parts = [table]
     if len(runs) > 1 and baseline is not None:
-        parts.append(f"\n* p < 0.05 against {runs[baseline].name} (paired {tests[0]} on per-question EM / F1; "
-                     f"p-value columns for {', '.join(tests)})")
+        parts.append(comparison_legend(runs, baseline, tests))
+    if power and len(runs) > 1 and baseline is not None:
+        parts.append("\n" + power_table(runs, baseline))
     if judges := format_answer_judges(runs):
         parts.append("\n" + judges)
     if breakdowns:
@@ -454,11 +601,14 @@ def by_type(runs: Sequence[LoadedRun], metric: str = "em") -> str:
 def answer_changes(runs: Sequence[LoadedRun], baseline: int = 0) -> str:
     """How each run's answers differ from the baseline run's on the questions both finished: how many
     predictions changed, and of those how many went from wrong to right and from right to wrong
-    (EM), with the net change in EM points. What a fix to a method did, question by question."""
+    (EM), with the net change in EM points; and how many changed only in form: EM moved while cover-EM
+    (gold contained in the answer) did not ("Paris, France" -> "Paris"). What a fix to a method did,
+    question by question."""
     base = {r.question_id: r for r in runs[baseline].results}
     lines = [f"### Answers changed against {runs[baseline].name}", "",
-             "| run | shared questions | answers changed | EM 0 -> 1 | EM 1 -> 0 | net EM points |",
-             "|---|---:|---:|---:|---:|---:|"]
+             "| run | shared questions | answers changed | EM 0 -> 1 | EM 1 -> 0 | net EM points | "
+             "form only: EM 0 -> 1 | form only: EM 1 -> 0 | cover-EM 0 -> 1 | cover-EM 1 -> 0 |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for i, run in enumerate(runs):
         if i == baseline:
             continue
@@ -467,7 +617,13 @@ def answer_changes(runs: Sequence[LoadedRun], baseline: int = 0) -> str:
         gained = sum(b.scores.em < r.scores.em for b, r in shared)
         lost = sum(b.scores.em > r.scores.em for b, r in shared)
         net = 100 * (gained - lost) / len(shared) if shared else 0.0
-        lines.append(f"| {run.name} | {len(shared)} | {len(changed)} | {gained} | {lost} | {net:+.2f} |")
+        same_cover = [(b, r) for b, r in shared if b.scores.acc == r.scores.acc]
+        form_gained = sum(b.scores.em < r.scores.em for b, r in same_cover)
+        form_lost = sum(b.scores.em > r.scores.em for b, r in same_cover)
+        cover_gained = sum(b.scores.acc < r.scores.acc for b, r in shared)
+        cover_lost = sum(b.scores.acc > r.scores.acc for b, r in shared)
+        lines.append(f"| {run.name} | {len(shared)} | {len(changed)} | {gained} | {lost} | {net:+.2f} | "
+                     f"{form_gained} | {form_lost} | {cover_gained} | {cover_lost} |")
     return "\n".join(lines)
 
 

@@ -1,9 +1,16 @@
-"""Paired significance tests on per-question scores of two methods over the same questions.
+"""Paired significance tests, intervals, multiple-comparison correction and power for per-question scores.
 
-The report marks a difference as significant with these. Thin wrappers over `scipy.stats` (the
-`eval` extra, imported on first use): `ttest_rel`, `bootstrap` (its bootstrap distribution) and
-`permutation_test` (sign flips of the paired differences), with the input checks, the
-zero-variance cases and the p-value conventions the report documents.
+The report marks a difference as significant with these, by the type of the score: a 0/1 score (EM,
+cover-EM, a judge's verdict) gets the exact McNemar test (`mcnemar_exact`, the binomial test on the
+discordant pairs), a continuous one (F1, tokens, latency) a seeded paired bootstrap interval of the
+mean difference (`paired_difference_ci`) and a sign-flip permutation p (`approximate_randomization`);
+the paired t-test stays as a named option (the MetaRAG study's own choice, its Tables 1, 4 and 5).
+Each row's rates carry a Wilson interval (`wilson_interval`), its means a bootstrap one
+(`mean_interval`); p-values across one table are corrected by Holm (`holm`); `mcnemar_power` gives
+the difference a sample could have detected and the n an observed one would need. Thin wrappers over
+`scipy.stats` (the `eval` extra, imported on first use) with the input checks, the zero-variance
+cases and the p-value conventions the report documents; Holm's step-down, which scipy lacks, is the
+one procedure written here.
 """
 from __future__ import annotations
 
@@ -193,3 +200,177 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     if n - c < k:
         return 1.0
     return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+# ------------------------------------------------------------------------------ 0/1 scores
+@dataclass(frozen=True)
+class McNemar:
+    """The exact McNemar test of two methods' 0/1 scores on the same questions: `gained` questions
+    right for a and wrong for b, `lost` the reverse, p the two-sided binomial test of gained against
+    gained + lost at 1/2 (`scipy.stats.binomtest`); 1.0 with no discordant pair."""
+
+    gained: int
+    lost: int
+    n: int
+    p_value: float
+
+    @property
+    def mean_diff(self) -> float:
+        return (self.gained - self.lost) / self.n
+
+
+def _binary(values: Sequence[float] | np.ndarray, name: str) -> np.ndarray:
+    arr = np.asarray(values, dtype=np.float64)
+    if not np.all((arr == 0) | (arr == 1)):
+        raise ValueError(f"{name} must hold 0/1 scores for an exact McNemar test (F1 and costs: a bootstrap)")
+    return arr.astype(bool)
+
+
+def mcnemar_exact(a: Sequence[float] | np.ndarray, b: Sequence[float] | np.ndarray) -> McNemar:
+    """Exact McNemar test of a against b on paired 0/1 scores (see `McNemar`)."""
+    _differences(a, b)
+    x, y = _binary(a, "a"), _binary(b, "b")
+    gained, lost = int(np.sum(x & ~y)), int(np.sum(~x & y))
+    p = 1.0 if gained + lost == 0 else float(_scipy_stats().binomtest(gained, gained + lost, 0.5).pvalue)
+    return McNemar(gained, lost, int(x.size), min(1.0, p))
+
+
+@dataclass(frozen=True)
+class Interval:
+    """An estimate with its interval at `level` (a rate's or a mean's, or a paired mean difference's)."""
+
+    estimate: float
+    low: float
+    high: float
+    level: float = 0.95
+
+
+def wilson_interval(successes: int, n: int, level: float = 0.95) -> Interval:
+    """A rate k / n with its Wilson score interval (`scipy.stats.binomtest(...).proportion_ci`)."""
+    if n < 1 or not 0 <= successes <= n:
+        raise ValueError(f"a rate needs 0 <= successes <= n and n >= 1, got {successes} of {n}")
+    ci = _scipy_stats().binomtest(int(successes), int(n)).proportion_ci(confidence_level=level, method="wilson")
+    return Interval(successes / n, float(ci.low), float(ci.high), level)
+
+
+def mean_interval(values: Sequence[float] | np.ndarray, n_resamples: int = 10_000, seed: int = 0,
+                  level: float = 0.95) -> Interval:
+    """A mean with its percentile bootstrap interval (`scipy.stats.bootstrap`, seeded); a constant
+    sample's interval is the value itself."""
+    _check_resamples(n_resamples)
+    arr = np.asarray(values, dtype=np.float64)
+    if arr.ndim != 1 or arr.size == 0 or not np.all(np.isfinite(arr)):
+        raise ValueError("a mean's interval needs a non-empty one-dimensional sample of finite values")
+    mean = float(arr.mean())
+    if np.all(arr == arr[0]):
+        return Interval(mean, mean, mean, level)
+    result = _scipy_stats().bootstrap((arr,), np.mean, n_resamples=n_resamples,
+                                      batch=max(1, _BATCH_ELEMENTS // arr.size), vectorized=True,
+                                      confidence_level=level, method="percentile",
+                                      random_state=np.random.default_rng(seed))
+    return Interval(mean, float(result.confidence_interval.low), float(result.confidence_interval.high), level)
+
+
+def paired_difference_ci(a: Sequence[float] | np.ndarray, b: Sequence[float] | np.ndarray,
+                         n_resamples: int = 10_000, seed: int = 0, level: float = 0.95) -> Interval:
+    """mean(a − b) over paired scores with its percentile bootstrap interval: the question pairs
+    resampled with replacement `n_resamples` times (seeded)."""
+    return mean_interval(_differences(a, b), n_resamples=n_resamples, seed=seed, level=level)
+
+
+# ------------------------------------------------------------------------------ a table's comparisons
+def holm(p_values: Sequence[float]) -> list[float]:
+    """Holm–Bonferroni adjusted p-values of one family of tests, in the given order: sorted ascending,
+    the i-th smallest (from 0) times (m − i), made non-decreasing, capped at 1. NaN stays NaN and does
+    not count in m. (scipy has no Holm; `statsmodels.stats.multitest.multipletests(method="holm")`
+    gives the same numbers.)"""
+    values = [float(p) for p in p_values]
+    known = sorted((p, i) for i, p in enumerate(values) if not math.isnan(p))
+    m = len(known)
+    out = [math.nan] * len(values)
+    running = 0.0
+    for rank, (p, i) in enumerate(known):
+        running = max(running, min(1.0, (m - rank) * p))
+        out[i] = running
+    return out
+
+
+# ------------------------------------------------------------------------------ power
+def _critical_counts(m: np.ndarray, alpha: float) -> np.ndarray:
+    """For each number m of discordant pairs, the largest count c with 2 P(X <= c) <= alpha for X ~
+    Bin(m, 1/2): the exact two-sided test rejects when min(gained, lost) <= c (−1: never)."""
+    binom = _scipy_stats().binom
+    c = np.floor(binom.ppf(alpha / 2, m, 0.5)).astype(int)
+    # ppf gives the smallest c with P(X <= c) >= alpha/2: step down while the tail is too heavy
+    c = np.where(2 * binom.cdf(c, m, 0.5) > alpha, c - 1, c)
+    c = np.where(2 * binom.cdf(c + 1, m, 0.5) <= alpha, c + 1, c)
+    return np.where(m > 0, c, -1)
+
+
+def mcnemar_power(n: int, discordance: float, diff: float, alpha: float = 0.05) -> float:
+    """The power of the exact McNemar test at level `alpha` with n pairs, when each pair is discordant
+    with probability `discordance` (ψ) and the two methods' rates differ by `diff` (δ, |δ| <= ψ): the
+    number of discordant pairs M ~ Bin(n, ψ), and given M the gains G ~ Bin(M, (ψ + δ) / 2ψ); power =
+    E[P(the test rejects | M)], exact (unconditional over M, as Suissa & Shuster, 1991)."""
+    if n < 1 or not 0 <= discordance <= 1 or abs(diff) > discordance + 1e-12:
+        raise ValueError(f"power needs n >= 1, 0 <= discordance <= 1 and |diff| <= discordance, got "
+                         f"n={n}, discordance={discordance}, diff={diff}")
+    if discordance == 0:
+        return 0.0
+    binom = _scipy_stats().binom
+    m = np.arange(n + 1)
+    weight = binom.pmf(m, n, discordance)
+    c = _critical_counts(m, alpha)
+    p_gain = min(1.0, max(0.0, (discordance + abs(diff)) / (2 * discordance)))
+    reject = np.where(c >= 0, binom.cdf(c, m, p_gain) + binom.sf(m - c - 1, m, p_gain), 0.0)
+    # c >= m/2 cannot happen at alpha < 1 (both tails would overlap); guard the sum anyway
+    return float(min(1.0, np.sum(weight * np.minimum(reject, 1.0))))
+
+
+@dataclass(frozen=True)
+class Power:
+    """What a paired comparison of 0/1 scores could tell: `detectable`, the smallest difference in
+    rates the exact McNemar test finds with probability `power` at this n and the observed
+    discordance (None: not even every discordant pair one way would); `n_needed`, the pairs the
+    observed difference would need (None: no difference observed, or beyond `max_n`)."""
+
+    n: int
+    discordance: float
+    observed: float
+    detectable: float | None
+    n_needed: int | None
+    power: float = 0.8
+    alpha: float = 0.05
+
+
+def power_analysis(gained: int, lost: int, n: int, power: float = 0.8, alpha: float = 0.05,
+                   max_n: int = 1_000_000) -> Power:
+    """`Power` of a comparison with `gained` / `lost` discordant pairs out of n (see `mcnemar_power`).
+    The detectable difference is found by bisection (power rises with δ); the n needed by doubling
+    and bisection on n, the first n where the power reaches `power` (an exact test's power is
+    saw-toothed in n, so a slightly larger n can fall back just below it)."""
+    if n < 1 or gained < 0 or lost < 0 or gained + lost > n:
+        raise ValueError(f"power needs 0 <= gained + lost <= n, got {gained} + {lost} of {n}")
+    psi, delta = (gained + lost) / n, (gained - lost) / n
+    detectable: float | None = None
+    if psi > 0 and mcnemar_power(n, psi, psi, alpha) >= power:
+        low, high = 0.0, psi
+        for _ in range(40):
+            mid = (low + high) / 2
+            low, high = (low, mid) if mcnemar_power(n, psi, mid, alpha) >= power else (mid, high)
+        detectable = high
+    needed: int | None = None
+    if delta != 0:
+        def enough(size: int) -> bool:
+            return mcnemar_power(size, psi, delta, alpha) >= power
+
+        high = max(2, n)
+        while not enough(high) and high < max_n:
+            high *= 2
+        if enough(high):
+            low = 1
+            while high - low > 1:
+                mid = (low + high) // 2
+                low, high = (low, mid) if enough(mid) else (mid, high)
+            needed = high
+    return Power(n, psi, delta, detectable, needed, power, alpha)

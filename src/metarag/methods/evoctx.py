@@ -133,7 +133,9 @@ class EvoCtxSettings:
     THINK: the alternation the paper describes. docs/results.md has both runs.
     `decision_llm` "" asks the run's LLM; "embedded", "embedded-0.5b", "gguf:PATH" or
     "openai:MODEL[@BASE_URL]" name a separate decision model (§4.1 pairs Qwen3-4B-Thinking with a
-    LLaMA-3.1-8B generator). `confidence_probe` records Table 8's sufficiency probe each round.
+    LLaMA-3.1-8B generator). `confidence_probe` records Table 8's sufficiency probe each round: an
+    analysis-only request (its answer steers nothing), so off by default, and the cost columns compare
+    the method, not the instrumentation; `metarag report --analysis evoctx` needs it on.
     `oracle` also computes, when the question has gold answers, the oracle margin of Figure 4 (the
     gold answer against the same boundary; analysis only, it never steers the run).
     `decision_max_tokens` = 192 bounds the decision model's reasoning trace (this toolkit's choice; the
@@ -157,7 +159,7 @@ class EvoCtxSettings:
     decision_max_tokens: int = setting(192, ge=1)
     query_max_tokens: int = setting(32, ge=1)
     answer_max_tokens: int = setting(32, ge=1)
-    confidence_probe: bool = True
+    confidence_probe: bool = False
     oracle: bool = False
     stop_at_fixed_point: bool = True
 
