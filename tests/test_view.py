@@ -114,7 +114,9 @@ def test_runs_table_is_the_report_table(runs):
     assert table["markdown"] == markdown  # the very text `metarag report` prints
     assert table["columns"][:7] == ["method", "retriever", "model", "dataset", "n", "failed", "EM"]
     em = table["columns"].index("EM")
-    assert [cells[em] for cells in table["cells"]] == ["100.00", "16.67*", "16.67*"]
+    # Wilson intervals; 5 discordant questions each (McNemar p 0.0625), so no * after Holm
+    assert [cells[em] for cells in table["cells"]] == ["100.0 (61.0–100.0)", "16.7 (3.0–56.4)", "16.7 (3.0–56.4)"]
+    assert [r.get("p EM (Holm)") for r in table["rows"]][1:] == pytest.approx([0.125, 0.125])
     assert [r["EM"] for r in table["rows"]] == pytest.approx([r["EM"] for r in rows])
     # the same run id under two runs folders is told apart by its folder
     assert [r["name"] for r in data["runs"]] == [f"good/{paths[0].name}", f"paris/{paths[1].name}", paths[2].name]

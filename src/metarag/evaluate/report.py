@@ -463,7 +463,7 @@ def report_table(runs: Sequence[LoadedRun], *, baseline: int | None = 0, tests: 
             if c.startswith("Δ ") and value is not None:
                 text = f"{value:+.1f}"
                 if f"{c} lo" in row:
-                    text += f" ({row[c + ' lo']:+.1f}–{row[c + ' hi']:+.1f})"
+                    text += f" ({row[c + ' lo']:+.1f}, {row[c + ' hi']:+.1f})"
             text += row.get(f"{c}*", "")
             if c in ("n",) and not row["complete"]:
                 text += " (partial)"

@@ -134,11 +134,14 @@ def approximate_randomization(a: Sequence[float] | np.ndarray, b: Sequence[float
     `n_resamples` random flips p = (flips with |mean| >= the observed |mean|, + 1) / (n_resamples + 1),
     never 0; when 2**n <= n_resamples every sign pattern is enumerated and p is exact. Ties within
     rounding count. The statistic reported is the observed mean difference. Deterministic per seed.
+    One pair gives p = 1.0.
     """
     _check_resamples(n_resamples)
     diffs = _differences(a, b)
     n = int(diffs.size)
     mean = float(diffs.mean())
+    if n < 2:  # one pair: both signs are as extreme as the observed one
+        return TestResult(statistic=mean, p_value=1.0, mean_diff=mean, n=n)
 
     def abs_mean(x: np.ndarray, axis: int = -1) -> np.ndarray:
         return np.abs(np.mean(x, axis=axis))
