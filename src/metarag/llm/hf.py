@@ -402,6 +402,8 @@ class HFLLM:
         outs: list[list[int]] = [[] for _ in rows]
         eos = [False] * n
         done = [b <= 0 for b in budgets]
+        if all(done):  # nothing to generate (a request for the prompt's internals only): no prefill
+            return streams, eos, outs
         result, mask, positions, columns = self._prefill(rows)
         fed = [0] * n  # output tokens of each row whose states the cache holds (column width + j for token j)
         width = mask.shape[1]
