@@ -866,6 +866,7 @@ def test_two_steps_of_the_cpu_recipe_on_a_tiny_model_log_where_the_time_went(tin
     args = rollouts.trainer.args
     assert report.steps == 2 and args.per_device_train_batch_size == 2 and args.gradient_accumulation_steps == 1
     assert args.bf16 and rollouts.trainer.beta == 0.0 and rollouts.trainer.ref_model is None
+    assert args.scale_rewards == "none"  # TRL forms the advantages as the settings say (Dr. GRPO's)
     log = read_log(tmp_path)
     assert [r["step"] for r in log] == [1, 2]
     assert sorted(p.name for p in (tmp_path / "trainer").glob("checkpoint-*")) == ["checkpoint-2"]  # the newest kept
@@ -996,3 +997,83 @@ def test_training_table_trend_reads_each_measure_last_minus_first(tmp_path):
                          capture_output=True, text=True, check=True).stdout.splitlines()
     assert out == [f"| {name} | reward | 0.500 | 0.000 .. 1.000 |",
                    f"| {name} | invalid / rollout | −0.50 | −1.00 .. 0.00 |"]
+
+
+# ------------------------------------------------------------------ issue 51: what trained wrongly
+def test_a_format_only_group_gets_no_advantage_that_outweighs_an_outcome_group():
+    from metarag.train.rewards import group_advantages
+
+    # group 1 differs only by the -0.01 invalid-action penalty; group 2 in the answer (one right of five)
+    rewards = [0.0, 0.0, 0.0, 0.0, -0.01] + [1.0, 0.0, 0.0, 0.0, 0.0]
+    old = group_advantages(rewards, 5, "group")  # the paper's GRPO: both groups get advantages of ~1.8
+    assert max(map(abs, old[:5])) == pytest.approx(max(map(abs, old[5:])), rel=0.05)
+    new = group_advantages(rewards, 5, AgentTrainSettings().scale_rewards)
+    assert max(map(abs, new[:5])) <= 0.01 and max(map(abs, new[5:])) == pytest.approx(0.8)
+    # batch scaling alone does not bound a step in which no group differs in outcome
+    assert max(map(abs, group_advantages(rewards[:5] * 2, 5, "batch"))) > 1
+    with pytest.raises(ValueError):
+        group_advantages([1.0, 0.0, 1.0], 2)
+
+
+def test_f1_outcome_and_the_supporting_passage_reward():
+    from metarag.records import Answer, Hit, Retrieve, Trace, Usage
+    from metarag.train.rewards import RewardSettings, search_r1_reward, with_support
+
+    hits = (Hit(PASSAGES[0], 1.0, "bm25"), Hit(PASSAGES[2], 0.5, "bm25"))
+    trace = Trace("q1", QUESTIONS[0].text, "search-r1", (Retrieve(Usage(retrieval_calls=1), "capital", 2, hits),
+                                                          Answer(Usage(), "Paris city")), answer="Paris city")
+    assert search_r1_reward(trace, ["Paris"]).total == 0.0  # EM
+    f1 = search_r1_reward(trace, ["Paris"], RewardSettings(outcome="f1"))
+    assert f1.total == pytest.approx(2 / 3) and f1.outcome == pytest.approx(2 / 3)
+    with pytest.raises(ConfigError, match="unknown outcome 'acc'"):
+        RewardSettings(outcome="acc")
+    supported = with_support(f1, trace, ["p1", "p2"], RewardSettings(outcome="f1", support_weight=0.5))
+    assert supported.retrieval == 0.5 and supported.total == pytest.approx(2 / 3 + 0.25)
+    assert with_support(f1, trace, ["p1"], RewardSettings()) is f1  # off by default
+
+
+def test_the_frozen_probe_reads_the_starting_weights_however_the_policy_moves(tiny):
+    import copy
+
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    from metarag.judges.belief import PROBE_LABELS, probe_prompt
+    from metarag.llm.hf import HFLLM, HFSettings
+    from metarag.train.agent import frozen_probes
+
+    base, tokenizer = tiny
+    model = get_peft_model(copy.deepcopy(base), LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+    inner = model.get_base_model()
+    settings = HFSettings(embedded=None, n_ctx=512, prefix_cache_tokens=0)
+    policy = HFLLM.from_model(inner, tokenizer, identity="policy", settings=settings)
+    probing = frozen_probes(policy, model, tokenizer, None, settings)
+    prompt = probe_prompt("Your question: Who built the tower?")
+
+    def read(llm):
+        return llm.score_labels(prompt, PROBE_LABELS).probs
+
+    start = read(HFLLM.from_model(base, tokenizer, identity="base", settings=settings))
+    with torch.no_grad():  # the policy moves: its adapter's B matrices leave zero
+        for name, weight in model.named_parameters():
+            if "lora_B" in name:
+                weight.add_(0.5)
+    assert read(policy) != pytest.approx(start)  # the policy's own reading moved ...
+    assert read(probing) == pytest.approx(start, abs=1e-5)  # ... the frozen one did not
+    assert read(policy) != pytest.approx(start)  # and the adapter is back on after the probe
+    with pytest.raises(ConfigError, match="train with LoRA"):
+        frozen_probes(policy, base, tokenizer, None, settings)
+
+
+def test_an_old_run_resumes_only_with_the_scaling_and_probe_it_had(tmp_path):
+    from metarag.train.agent import TRAINER_DIR, _check_resumable
+
+    checkpoint = tmp_path / TRAINER_DIR / "checkpoint-5"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "trainer_state.json").write_text("{}")
+    (checkpoint / MANIFEST).write_text(json.dumps({"method": "belief-agent", "reward": "belief"}))
+    _check_resumable(tmp_path, {"method": "belief-agent", "reward": "belief", "scale_rewards": "group",
+                                "probe_weights": "policy"})
+    with pytest.raises(ConfigError, match="another scale_rewards"):
+        _check_resumable(tmp_path, {"method": "belief-agent", "reward": "belief", "scale_rewards": "none",
+                                    "probe_weights": "policy"})

@@ -96,7 +96,14 @@ def _add_probe(sub) -> None:
 
 
 def cmd_probe(args: argparse.Namespace) -> int:
-    from metarag.evaluate.belief_signal import EVAL_SETS, TRAIN_SETS, ProbeSettings, QuestionSet, format_signals, measure
+    from metarag.evaluate.belief_signal import (
+        EVAL_SETS,
+        TRAIN_SETS,
+        ProbeSettings,
+        QuestionSet,
+        format_signals,
+        measure,
+    )
     from metarag.evaluate.harness import runs_dir_default
 
     settings = ProbeSettings(

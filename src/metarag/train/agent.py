@@ -118,7 +118,19 @@ class AgentTrainSettings:
     trainer is Search-R1's; R1-Searcher's `experience_maker.py` cuts the ninth generation: its
     training is `--max-turns 8 --top-k 3`, AutoRefine's `--max-turns 5 --top-k 3`); belief-agent's
     T = max_turns counts the forced answer (the paper's agent). Only search-r1 and belief-agent run
-    the belief probe, which the belief rewards need."""
+    the belief probe, which the belief rewards need.
+    `scale_rewards` "none": a group's advantages are its rewards minus their mean, not divided by a
+    standard deviation (Dr. GRPO, Liu et al., 2025; TRL's `scale_rewards`). The paper's verl GRPO
+    divides by the group's std ("group"), which gives a group whose rollouts differ only by the −0.01
+    invalid-action penalty the same ±1 advantages as one that differs in the answer (44 of our first
+    run's first 80 groups); "batch" (one std over the step's rollouts, Lite PPO) fixes that only while
+    some group of the step differs in outcome, so a step without one (about 3 % of steps at our 57 %
+    signal rate and 4 questions a step) would again blow the penalty up. Only "none" bounds a
+    format-only group's advantages by the penalty itself, in every step.
+    `probe_weights` "policy": the belief probe reads the model being trained, as the paper does;
+    "frozen": it reads the starting weights (the LoRA adapter switched off for each probe, or the KL
+    reference model in full fine-tuning), so training the policy cannot move the belief its reward
+    is aligned with."""
 
     method: str = "belief-agent"
     reward: str = "belief"
@@ -151,6 +163,8 @@ class AgentTrainSettings:
     merged_checkpoints: Literal["last", "every"] = dataclasses.field(default="last", metadata={"omit_default": True})
     time_budget_s: float = setting(0.0, ge=0)
     seed: int = 0
+    scale_rewards: Literal["none", "batch", "group"] = "none"
+    probe_weights: Literal["policy", "frozen"] = "policy"
     # belief-agent's `think_prefix` (methods/search_agent.py says why), off as in the paper; left out of
     # the saved settings at its default
     think_prefix: bool = dataclasses.field(default=False, metadata={"omit_default": True})
@@ -522,6 +536,45 @@ class _PerRollout:
         return self._by_question[id(question)].policy(question)
 
 
+class FrozenProbes:
+    """The rollouts' back-end with every label read (the belief probe's P(Yes) / P(No)) taken from the
+    frozen starting weights (`AgentTrainSettings.probe_weights` "frozen"); generation stays the policy's.
+    `frozen` is a back-end of its own over those weights, with its own key/value states (the policy's
+    are not the frozen model's), read inside `switch` (PEFT's `disable_adapter`, or nothing for a
+    separate reference model)."""
+
+    def __init__(self, policy: Any, frozen: Any, switch: Callable[[], Any] = contextlib.nullcontext):
+        self.policy, self.frozen, self._switch = policy, frozen, switch
+        self.identity = policy.identity
+
+    def __getattr__(self, name: str) -> Any:  # generation, rendering, tokenizing: the policy's
+        return getattr(self.policy, name)
+
+    def score_labels(self, prompt: Any, labels: Sequence[str]) -> Any:
+        with self._switch():
+            return self.frozen.score_labels(prompt, labels)
+
+    def score_labels_batch(self, prompts: Sequence[Any], labels: Sequence[str]) -> list[Any]:
+        with self._switch():
+            return self.frozen.score_labels_batch(prompts, labels)
+
+
+def frozen_probes(llm: Any, model: Any, tokenizer: Any, reference: Any, settings: Any) -> FrozenProbes:
+    """`llm` (the policy's rollout back-end) with its probes read from the starting weights: `model`'s
+    LoRA adapter switched off, or else the trainer's KL `reference` model; neither is a ConfigError."""
+    from metarag.llm.hf import HFLLM
+
+    if hasattr(model, "disable_adapter"):
+        inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+        frozen = HFLLM.from_model(inner, tokenizer, identity=f"{llm.identity}:frozen", settings=settings)
+        return FrozenProbes(llm, frozen, model.disable_adapter)
+    if reference is not None:
+        return FrozenProbes(llm, HFLLM.from_model(reference, tokenizer, identity=f"{llm.identity}:reference",
+                                                  settings=settings))
+    raise ConfigError("probe_weights 'frozen' reads the starting weights: train with LoRA (the adapter switched "
+                      "off for each probe) or with a KL reference model (kl_coef > 0)")
+
+
 class AgentRollouts:
     """TRL's `rollout_func`: runs the agent on the step's prompts through `run_many` with the live
     model and returns the sequences, masks, log-probs, position ids and each rollout's `Reward`
@@ -568,10 +621,11 @@ class AgentRollouts:
 
                 llm = VLLMRollouts.from_trainer(trainer, model, f"{self.identity}:step{step}", self.settings.n_ctx,
                                                 self.settings.rollout_prefix_tokens)
-            return self.run(prompts, model, trainer.processing_class, step, process=process, llm=llm)
+            return self.run(prompts, model, trainer.processing_class, step, process=process, llm=llm,
+                            reference=getattr(trainer, "ref_model", None))
 
     def run(self, prompts: Sequence[Any], model: Any, tokenizer: Any, step: int, *, process: int = 0,
-            llm: Any = None) -> dict[str, list]:
+            llm: Any = None, reference: Any = None) -> dict[str, list]:
         from metarag.llm.hf import HFLLM, HFSettings
         from metarag.methods.runner import Runtime, Sampling, run_many
         from metarag.policy.agent_trace import agent_steps, gap_rates
@@ -590,7 +644,14 @@ class AgentRollouts:
             method = _PerRollout(self.method.name, {
                 id(r): self._build(self.settings.method, {**self.settings.method_overrides(), "candidate_seed": s})
                 for r, s in zip(rollouts, seeds)})
-        runtime = Runtime(llm=llm, retriever=self.retriever, sampling=Sampling(temperature=self.settings.temperature))
+        probing = llm
+        if self.settings.probe_weights == "frozen":
+            inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+            probing = frozen_probes(llm, model, tokenizer, reference,
+                                    HFSettings(embedded=None, n_ctx=self.settings.n_ctx, autocast=self._autocast(inner),
+                                               prefix_cache_tokens=0))
+        runtime = Runtime(llm=probing, retriever=self.retriever,
+                          sampling=Sampling(temperature=self.settings.temperature))
         cast = frozen_linears_as(model, "bfloat16") if isinstance(llm, HFLLM) and llm.settings.autocast \
             and llm.device.type == "cpu" else contextlib.nullcontext()
         with cast as swapped:
@@ -691,9 +752,13 @@ class AgentRollouts:
 
         if trace.error is not None:  # no score: TRL leaves the rollout out of its group's baseline
             return None
+        from metarag.train.rewards import with_support
+
         if self.settings.reward in NEEDS_STEP_JUDGES:
-            return self.reward_fn(trace, question.answers, self.reward_settings, verdicts=verdicts)
-        return self.reward_fn(trace, question.answers, self.reward_settings)
+            reward = self.reward_fn(trace, question.answers, self.reward_settings, verdicts=verdicts)
+        else:
+            reward = self.reward_fn(trace, question.answers, self.reward_settings)
+        return with_support(reward, trace, question.supporting_ids, self.reward_settings)
 
 
 def reward_columns() -> tuple[list[Callable[..., list]], list[float]]:
@@ -1157,6 +1222,9 @@ def train_agent(questions: Sequence[Question], retriever: Any, model: Any, token
         "reward_settings": dataclasses.asdict(reward_settings),
         **({"judge_settings": dataclasses.asdict(judge_settings)} if judge_settings is not None else {}),
         **({"think_prefix": True} if settings.think_prefix else {}),
+        # how advantages are scaled and where the probe reads: a run saved before they were settings had
+        # "group" and "policy", so it resumes only with those
+        "scale_rewards": settings.scale_rewards, "probe_weights": settings.probe_weights,
         "trl": trl.__version__, "peft": peft.__version__, "git_commit": _git_commit(),
         **(provenance or {}),
     }
@@ -1189,7 +1257,7 @@ def train_agent(questions: Sequence[Question], retriever: Any, model: Any, token
         gradient_accumulation_steps=micro_steps, steps_per_generation=micro_steps, max_steps=settings.steps,
         lr_scheduler_type="constant", warmup_steps=0,
         temperature=settings.temperature, max_completion_length=settings.step_max_tokens,
-        loss_type=settings.loss_type, scale_rewards="group", mask_truncated_completions=False,
+        loss_type=settings.loss_type, scale_rewards=settings.scale_rewards, mask_truncated_completions=False,
         save_strategy="steps", save_steps=settings.save_every, save_total_limit=settings.keep_checkpoints or None,
         logging_steps=1, report_to="none",
         seed=settings.seed, data_seed=settings.seed, bf16=autocast, use_cpu=not on_gpu,
@@ -1351,7 +1419,9 @@ def _last_checkpoint(out: Path) -> Path | None:
 
 
 _RESUME_KEYS = ("method", "reward", "reward_settings", "judge_settings", "base_model_sha256", "data_sha256", "lora",
-                "think_prefix")
+                "think_prefix", "scale_rewards", "probe_weights")
+# what a run saved before a key was recorded had (`_check_resumable`)
+_RESUME_BEFORE = {"scale_rewards": "group", "probe_weights": "policy"}
 
 
 def _settings_defaults(key: str) -> dict[str, Any]:
@@ -1370,7 +1440,7 @@ def _check_resumable(out: Path, manifest: dict[str, Any]) -> None:
         return
     old = json.loads((last / MANIFEST).read_text())
     for key in _RESUME_KEYS:
-        before, now = old.get(key), manifest.get(key)
+        before, now = old.get(key, _RESUME_BEFORE.get(key)), manifest.get(key)
         if isinstance(before, dict) and isinstance(now, dict):
             # a setting added since the run was saved, at its default, is what the run had
             defaults = _settings_defaults(key)

@@ -11,6 +11,7 @@ Every reward reads a trace through `policy/agent_trace.py` (the search agents' t
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 import string
@@ -51,8 +52,15 @@ class RewardSettings:
     `r1_format_penalty` 2 is R1-Searcher's stage-2 format penalty (Song et al., 2025, §2.2; its README
     and `train/reward_server_qwen_zero.py`; the Llama server of stage 2 takes 1). `refine_weight` 0.1
     is AutoRefine's retrieval reward for a wrong answer whose refine holds the gold (Shi et al.,
-    2025, §3.2; `refine_score` in its `cmd/train.sh`)."""
+    2025, §3.2; `refine_score` in its `cmd/train.sh`). `outcome` "em" is the papers' R_outcome (EM of the
+    final answer); "f1" its token F1, for the outcome-only and belief rewards (a denser signal where EM
+    rarely fires, as R1-Searcher's stage 2 rewards F1). `support_weight` adds, to those rewards, that
+    weight times the share of the question's supporting passages the trajectory retrieved (R1-Searcher's
+    stage-1 idea of rewarding retrieval itself, with supporting-passage recall as the measure): 0 (off)
+    by default; a setting to keep searching alive where a run's searches collapse."""
 
+    outcome: str = "em"
+    support_weight: float = setting(0.0, ge=0)
     consistency_weight: float = setting(0.1, ge=0)
     margin: float = setting(0.0, ge=0, lt=1)
     invalid_penalty: float = setting(0.01, ge=0)
@@ -64,6 +72,12 @@ class RewardSettings:
 
     def __post_init__(self) -> None:
         check_ranges(self)
+        if self.outcome not in OUTCOMES:
+            raise ConfigError(f"unknown outcome {self.outcome!r}{close_matches(self.outcome, OUTCOMES)}; "
+                              f"outcomes: {', '.join(OUTCOMES)}")
+
+
+OUTCOMES = ("em", "f1")
 
 
 @dataclass(frozen=True)
@@ -100,12 +114,32 @@ class Reward:
                 "retrieval": nan if self.retrieval is None else self.retrieval}
 
 
-def outcome_reward(answer: str | None, golds: Sequence[str]) -> float:
-    """R_outcome = 1[EM(final answer, gold)] (Search-R1's and the paper's outcome reward); 0 for a
-    trajectory that ended without an answer."""
+def outcome_reward(answer: str | None, golds: Sequence[str], metric: str = "em") -> float:
+    """R_outcome = 1[EM(final answer, gold)] (Search-R1's and the paper's outcome reward), or with
+    `metric` "f1" the answer's token F1; 0 for a trajectory that ended without an answer."""
     if isinstance(golds, str) or not golds:
         raise DataError("the reward needs the question's gold answers (a non-empty list of strings)")
-    return exact_match(answer, golds) if answer else 0.0
+    if not answer:
+        return 0.0
+    return token_f1(answer, golds) if metric == "f1" else exact_match(answer, golds)
+
+
+def support_share(trace: Trace, supporting: Sequence[str]) -> float:
+    """The share of the question's supporting passages among everything the trajectory retrieved (0
+    when the question names none)."""
+    wanted = set(supporting)
+    return len(wanted & set(trace.retrieved_ids())) / len(wanted) if wanted else 0.0
+
+
+def with_support(reward: Reward | None, trace: Trace, supporting: Sequence[str],
+                 settings: RewardSettings) -> Reward | None:
+    """`reward` plus `support_weight` × the supporting passages' share retrieved (`support_share`, kept
+    as the reward's `retrieval`), for a reward without a retrieval term of its own; unchanged at weight
+    0, for a rollout without a reward, and for the rewards that have one (AutoRefine's, R1-Searcher's)."""
+    if reward is None or not settings.support_weight or reward.retrieval is not None:
+        return reward
+    share = support_share(trace, supporting)
+    return dataclasses.replace(reward, total=reward.total + settings.support_weight * share, retrieval=share)
 
 
 # which steps a consistency variant credits (o_t = 1): the full reward credits both OPTIMAL cases
@@ -144,8 +178,8 @@ def total_reward(outcome: float, consistency: float, weight: float = 0.1, *, gat
     return outcome * (1 + weight * consistency) if gated else outcome + weight * consistency
 
 
-def _base(trace: Trace, golds: Sequence[str]) -> tuple[tuple[AgentStep, ...], float]:
-    return agent_steps(trace), outcome_reward(trace.answer, golds)
+def _base(trace: Trace, golds: Sequence[str], metric: str = "em") -> tuple[tuple[AgentStep, ...], float]:
+    return agent_steps(trace), outcome_reward(trace.answer, golds, metric)
 
 
 def _counts(steps: Sequence[AgentStep]) -> dict[str, int]:
@@ -160,14 +194,14 @@ def _under_share(steps: Sequence[AgentStep], margin: float) -> float | None:
 
 def search_r1_reward(trace: Trace, golds: Sequence[str], settings: RewardSettings = RewardSettings()) -> Reward:
     """Search-R1's reward: the outcome (EM) alone, no format or invalid-action term (Jin et al., 2025)."""
-    steps, outcome = _base(trace, golds)
+    steps, outcome = _base(trace, golds, settings.outcome)
     return Reward(outcome, outcome, **_counts(steps), under_search_rate=_under_share(steps, settings.margin),
                   diagnoses=diagnoses(steps, settings.margin))
 
 
 def _belief_reward(trace: Trace, golds: Sequence[str], settings: RewardSettings, credit: str,
                    gated: bool) -> Reward:
-    steps, outcome = _base(trace, golds)
+    steps, outcome = _base(trace, golds, settings.outcome)
     consistency = consistency_reward(steps, settings.margin, credit)
     counts = _counts(steps)
     penalty = settings.invalid_penalty * counts["invalid_actions"]
@@ -427,6 +461,30 @@ NEEDS_PROBE = frozenset({"belief", "belief-over-only", "belief-under-only", "bel
 # rewards that read LLM judgments of each step (HiPRAG's process judges): a trainer runs
 # `judges.process.ProcessAudit` on the rollouts `hiprag_needs_judging` selects and passes `verdicts`
 NEEDS_STEP_JUDGES = frozenset({"hiprag"})
+
+
+def group_advantages(rewards: Sequence[float], group_size: int, scale: str = "none") -> list[float]:
+    """GRPO's advantages of one step's rewards, in groups of `group_size` consecutive rollouts, as TRL
+    1.16 forms them (`GRPOTrainer._generate_and_score_completions`, "sum_then_normalize"): reward minus
+    its group's mean, divided by the group's ("group") or the whole step's ("batch") unbiased standard
+    deviation + 1e-4, or not divided ("none"). For reading a run's logged rewards (how many advantages
+    a reward term flips); the trainer's own come from TRL."""
+    import numpy as np
+
+    r = np.asarray(rewards, dtype=float)
+    if group_size < 1 or r.size % group_size:
+        raise ValueError(f"{r.size} rewards do not split into groups of {group_size}")
+    groups = r.reshape(-1, group_size)
+    centred = (groups - groups.mean(axis=1, keepdims=True)).ravel()
+    if scale == "none":
+        return centred.tolist()
+    if scale == "group":
+        std = np.repeat(groups.std(axis=1, ddof=1) if group_size > 1 else np.zeros(len(groups)), group_size)
+    elif scale == "batch":
+        std = np.full(r.size, r.std(ddof=1) if r.size > 1 else 0.0)
+    else:
+        raise ConfigError(f"unknown reward scaling {scale!r}; valid: none, batch, group")
+    return (centred / (std + 1e-4)).tolist()
 
 
 def reward_function(name: str) -> RewardFunction:
