@@ -79,3 +79,63 @@ def test_unseen_is_every_question_of_the_whole_splits_not_trained_on(tmp_path):
     paths = write_pool(pool, tmp_path, "easy", rest)
     assert paths[3].name == "easy_unseen.jsonl" and len(paths[3].read_text().splitlines()) == len(rest)
     assert len(write_pool(pool, tmp_path / "plain")) == 3
+
+
+# ------------------------------------------------------------------ issue 51: the declared pool and its filter
+def test_the_declared_pool_never_holds_a_held_out_question(tmp_path):
+    from conftest import SHARED_DATA
+
+    from metarag.data.datasets import load_dataset, question_list
+    from metarag.data.pool import check_disjoint, declared_pool, write_pool
+    from metarag.errors import DataError
+
+    if not (SHARED_DATA / "2wikimultihopqa").is_dir():
+        pytest.skip("needs the shared benchmark data beside the repo")
+    pool = declared_pool(data_dir=SHARED_DATA)
+    ids = [q.id for _, q in pool.train]
+    assert len(ids) == len(set(ids)) == 1300  # at least 1,000 distinct questions before filtering
+    for dataset in ("hotpotqa-dev500", "2wiki-dev1000"):
+        held = set(question_list("headline200", dataset).ids)
+        assert len(held) == 200 and not held & set(ids)  # against the committed lists
+    with pytest.raises(DataError, match="held-out headline200 questions"):
+        check_disjoint(ids + [next(iter(question_list("headline200", "2wiki-dev1000").ids))])
+    train, _, corpus = write_pool(pool, tmp_path, "declared")
+    back = load_dataset(train, corpus=corpus)
+    assert [q.id for q in back.questions] == ids
+    # HotpotQA's and MuSiQue's supporting paragraphs survive the file (2Wiki's hipporag file has none)
+    supported = {q.id: q.supporting_ids for q in back.questions if q.supporting_ids}
+    assert len(supported) == 500 and back.unmapped_support == 0
+
+
+def test_the_difficulty_filter_keeps_questions_right_in_some_samples():
+    from metarag.errors import ConfigError
+    from metarag.train.difficulty import difficulty_filter
+
+    samples = [("always", i, 1.0) for i in range(5)] + [("never", i, 0.0) for i in range(5)]
+    samples += [("some", i, float(i < 2)) for i in range(5)] + [("one", i, float(i == 4)) for i in range(5)]
+    samples += [("short", i, 1.0) for i in range(3)] + [("extra", i, float(i >= 5)) for i in range(7)]
+    kept = difficulty_filter(samples, k=5, low=1, high=4)
+    # "extra" is right only in samples 5 and 6, beyond the first five: 0 of 5, dropped
+    assert kept.kept == ("some", "one")
+    assert kept.right_counts == {0: 2, 1: 1, 2: 1, 5: 1} and kept.measured == 5 and kept.incomplete == ("short",)
+    with pytest.raises(ConfigError, match="0 <= low <= high <= k"):
+        difficulty_filter(samples, k=5, low=3, high=2)
+
+
+def test_the_filter_reads_a_sampled_run_and_writes_the_kept_questions(tmp_path):
+    import json
+
+    from metarag import run
+    from metarag.llm.scripted import ScriptedLLM
+    from metarag.train.difficulty import difficulty_filter, run_samples, write_filtered
+
+    answers = iter(["Paris", "Rome"] * 1000)  # samples alternate: a question is right in some of them
+    llm = ScriptedLLM([("Question:", lambda prompt: next(answers))])
+    data = tmp_path / "pool_train.jsonl"
+    data.write_text("".join(json.dumps({"id": f"q{i}", "question": f"Question {i}?", "golden_answers": [g]}) + "\n"
+                            for i, g in enumerate(["Paris", "Oslo", "Rome"])))
+    sampled = run("closed-book", data, samples=4, runs_dir=tmp_path / "runs", llm_instance=llm)
+    filtered = difficulty_filter(run_samples(sampled.path), k=4, low=1, high=3)
+    assert filtered.kept == ("q0", "q2") and filtered.right_counts == {0: 1, 2: 2}
+    assert write_filtered(data, filtered.kept, tmp_path / "kept.jsonl") == 2
+    assert [json.loads(line)["id"] for line in (tmp_path / "kept.jsonl").read_text().splitlines()] == ["q0", "q2"]

@@ -361,10 +361,19 @@ def parse_musique(file: QuestionFile) -> list[ParsedQuestion]:
 
 
 def parse_flashrag(file: QuestionFile) -> list[ParsedQuestion]:
-    """FlashRAG JSON lines (NQ, TriviaQA, PopQA, Bamboogle ...): id, question, golden_answers."""
-    return [ParsedQuestion(Question(id=record.ident("id"), text=record.text("question"),
-                                    answers=gold_answers(record.strings("golden_answers"))), None)
-            for record in file.records]
+    """FlashRAG JSON lines (NQ, TriviaQA, PopQA, Bamboogle ...): id, question, golden_answers; and, in
+    metarag's training pools (`data.pool.write_pool`), `supporting`, [title, text] pairs of the question's
+    supporting paragraphs, found in the corpus given with the file."""
+    parsed = []
+    for record in file.records:
+        supporting = record.data.get("supporting", [])
+        if not isinstance(supporting, list) or not all(
+                isinstance(p, list) and len(p) == 2 and all(isinstance(x, str) for x in p) for p in supporting):
+            raise DataError(f"record {record.index}: supporting must be a list of [title, text] pairs", path=file.path)
+        parsed.append(ParsedQuestion(Question(id=record.ident("id"), text=record.text("question"),
+                                              answers=gold_answers(record.strings("golden_answers"))), None,
+                                     tuple((t, x) for t, x in supporting)))
+    return parsed
 
 
 def parse_multihop_rag(file: QuestionFile, ground_truth: str | Path | None = None) -> list[ParsedQuestion]:

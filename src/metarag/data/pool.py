@@ -54,6 +54,55 @@ def mixed_split(datasets: Sequence[object], heldout: int, seed: int) -> Pool:
     return Pool(tuple(train), tuple(held), tuple(passages))
 
 
+# The declared training pool of the search agents (issue 51): the two training splits, and the dev
+# questions outside the headline tables' lists (the only other questions with a retrieval corpus offline);
+# each (preset, committed question list or None). The headline lists stay held out.
+DECLARED_POOL = (("hotpotqa-train100", None), ("musique-train100", None),
+                 ("hotpotqa-dev500", "train-pool"), ("2wiki-dev1000", "train-pool"))
+HELD_OUT_LIST = "headline200"
+
+
+def declared_pool(sources: Sequence[tuple[str, str | None]] = DECLARED_POOL, data_dir: str | None = None) -> Pool:
+    """Every question of `sources` to train on (nothing held out of it: the held-out questions are the
+    headline lists, `check_disjoint`), over the union of their passages, each split's passage ids
+    prefixed by its name. A dev set's list shrinks its distractor pool to those questions' paragraphs."""
+    from metarag.data.datasets import question_list, resolve_preset, select
+
+    train: list[tuple[str, Question]] = []
+    passages: list[Passage] = []
+    for preset, listed in sources:
+        dataset = resolve_preset(preset, data_dir)
+        if listed:
+            dataset = select(dataset, question_list(listed, preset).ids, source=f"question list {listed!r}")
+        if not dataset.passages:
+            raise DataError(f"{preset} has no passages to retrieve from", path=dataset.path)
+        train += [(preset, q) for q in dataset.questions]
+        passages += [Passage(f"{preset}:{p.id}", p.title, p.text) for p in dataset.passages]
+    ids = [q.id for _, q in train]
+    if len(set(ids)) != len(ids):
+        raise DataError("two sources of the pool share a question id", path=", ".join(p for p, _ in sources))
+    check_disjoint(ids)
+    return Pool(tuple(train), (), tuple(passages))
+
+
+def held_out_ids(listed: str = HELD_OUT_LIST) -> dict[str, frozenset[str]]:
+    """The question ids each dataset holds out for evaluation: its committed `listed` list."""
+    from metarag.data.datasets import named_question_lists, question_list
+
+    return {dataset: frozenset(question_list(listed, dataset).ids)
+            for dataset in named_question_lists().get(listed, [])}
+
+
+def check_disjoint(question_ids: Sequence[str], listed: str = HELD_OUT_LIST, what: str = "the training pool") -> None:
+    """A DataError when any of `question_ids` is a held-out question of a headline list: training never
+    sees an evaluation question."""
+    for dataset, held in held_out_ids(listed).items():
+        shared = sorted(held & set(question_ids))
+        if shared:
+            raise DataError(f"{what} holds {len(shared)} of {dataset}'s held-out {listed} questions "
+                            f"(first {shared[0]!r}): they are for evaluation only")
+
+
 def question_slice(dataset: Dataset, types: Sequence[str] = (), max_hops: int | None = None) -> Dataset:
     """The dataset with only the questions of `types` (HotpotQA's bridge / comparison; empty: any)
     and of at most `max_hops` hops (MuSiQue's 2 / 3 / 4; None: any), its passages kept: an easier
@@ -86,9 +135,23 @@ def unseen(datasets: Sequence[object], pool: Pool) -> tuple[tuple[str, Question]
     return tuple((d.name, q) for d in datasets for q in d.questions if q.id not in trained)
 
 
-def _write_questions(path: Path, questions: Sequence[tuple[str, Question]]) -> None:
-    path.write_text("".join(json.dumps({"id": q.id, "question": q.text, "golden_answers": list(q.answers),
-                                        "source": source}) + "\n" for source, q in questions))
+def _write_questions(path: Path, questions: Sequence[tuple[str, Question]],
+                     passages: dict[str, Passage] | None = None) -> None:
+    """FlashRAG lines, with each question's supporting paragraphs as [title, text] pairs where `passages`
+    (the pool's, by prefixed id) holds them, so support recall and a retrieval reward can be read."""
+    passages = passages or {}
+
+    def supporting(source: str, q: Question) -> list[list[str]]:
+        found = [passages.get(f"{source}:{pid}") for pid in q.supporting_ids]
+        return [[p.title, p.text] for p in found if p is not None]
+
+    lines = []
+    for source, q in questions:
+        record = {"id": q.id, "question": q.text, "golden_answers": list(q.answers), "source": source}
+        if found := supporting(source, q):
+            record["supporting"] = found
+        lines.append(json.dumps(record) + "\n")
+    path.write_text("".join(lines))
 
 
 def write_pool(pool: Pool, folder: str | Path, name: str = "pool",
@@ -98,11 +161,12 @@ def write_pool(pool: Pool, folder: str | Path, name: str = "pool",
     out = Path(folder).expanduser()
     out.mkdir(parents=True, exist_ok=True)
     paths = out / f"{name}_train.jsonl", out / f"{name}_heldout.jsonl", out / f"{name}_corpus.jsonl"
+    by_id = {p.id: p for p in pool.passages}
     for path, questions in zip(paths, (pool.train, pool.heldout)):
-        _write_questions(path, questions)
+        _write_questions(path, questions, by_id)
     paths[2].write_text("".join(json.dumps({"id": p.id, "title": p.title, "text": p.text}) + "\n"
                                 for p in pool.passages))
     if unseen_questions:
         paths += (out / f"{name}_unseen.jsonl",)
-        _write_questions(paths[3], unseen_questions)
+        _write_questions(paths[3], unseen_questions, by_id)
     return paths

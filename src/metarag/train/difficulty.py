@@ -1,0 +1,72 @@
+"""The difficulty filter of a training pool, as R1-Searcher selects its training questions (Song et al.,
+2025, §2.1: questions the model answers right in some but not all of its rollouts): from a sampled
+run of the untrained agent over the pool (`eval --samples K`), the questions right in `low`..`high` of
+their first K samples. A question always right or always wrong gives GRPO's group no outcome gradient,
+so it spends a step's rollouts on nothing.
+"""
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from metarag.errors import ConfigError, DataError
+
+
+@dataclass(frozen=True)
+class Filtered:
+    """The questions kept, and how many questions had each number of right samples (0..k)."""
+
+    kept: tuple[str, ...]
+    right_counts: dict[int, int]
+    k: int
+    incomplete: tuple[str, ...] = ()
+
+    @property
+    def measured(self) -> int:
+        return sum(self.right_counts.values())
+
+
+def right_counts(samples: Sequence[tuple[str, int, float]], k: int) -> tuple[dict[str, int], tuple[str, ...]]:
+    """Per question, how many of its samples 0..k-1 are right (EM 1), from (question id, sample, EM)
+    triples; the questions with fewer than k samples apart."""
+    seen: dict[str, dict[int, float]] = {}
+    for qid, sample, em in samples:
+        if sample < k:
+            seen.setdefault(qid, {})[sample] = em
+    complete = {q: int(sum(v.values())) for q, v in seen.items() if len(v) == k}
+    return complete, tuple(q for q, v in seen.items() if len(v) < k)
+
+
+def difficulty_filter(samples: Sequence[tuple[str, int, float]], k: int = 5, low: int = 1,
+                      high: int = 4) -> Filtered:
+    """The questions right in `low`..`high` of their first k samples (R1-Searcher's rule at k = 5:
+    1..4), in the order they first appear."""
+    if not 0 <= low <= high <= k or k < 1:
+        raise ConfigError(f"a difficulty window needs 0 <= low <= high <= k, got {low}..{high} of {k}")
+    counts, incomplete = right_counts(samples, k)
+    order = list(dict.fromkeys(q for q, _, _ in samples))
+    kept = tuple(q for q in order if q in counts and low <= counts[q] <= high)
+    return Filtered(kept, dict(sorted(Counter(counts.values()).items())), k, incomplete)
+
+
+def run_samples(run_path: str | Path) -> list[tuple[str, int, float]]:
+    """The (question id, sample, EM) of every answer of a sampled run folder."""
+    from metarag.evaluate.report import load_run
+
+    run = load_run(run_path)
+    if not run.samples:
+        raise DataError("the run holds one answer a question: the filter needs `eval --samples K` with K > 1",
+                        path=str(run_path))
+    return [(r.question_id, r.sample, r.scores.em) for r in run.samples]
+
+
+def write_filtered(pool_file: str | Path, kept: Sequence[str], out_file: str | Path) -> int:
+    """Copy the lines of a pool's question file (JSON lines with "id") whose id is kept; returns how many."""
+    wanted = set(kept)
+    lines = [line for line in Path(pool_file).read_text().splitlines()
+             if line.strip() and json.loads(line)["id"] in wanted]
+    Path(out_file).write_text("".join(line + "\n" for line in lines))
+    return len(lines)
