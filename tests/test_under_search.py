@@ -297,3 +297,18 @@ def test_the_judge_model_can_reuse_its_kv_cache_exactly(probed_run, monkeypatch,
     assert code == 1 and "--prefix-chunk is a llama.cpp setting; --llm hf does not take it" in capsys.readouterr().err
     code = main(["report", str(probed_run.path), "--analysis", "agent", "--judge-prefix-chunk", "32", *csv])
     assert code == 1 and "--judge-prefix-chunk sets the model of --judge-llm; give both" in capsys.readouterr().err
+
+
+def test_searches_split_by_what_the_closed_book_model_knows(probed_run, tmp_path):
+    from metarag.evaluate.agent_analysis import format_search_by_knowledge, search_by_knowledge
+
+    # the closed-book model knows q1 and q2 (answers Paris), not q3 and q4
+    book = write_run(tmp_path / "cb", {q: trace_of(answer=a) for q, a in
+                                       (("q1", "Paris"), ("q2", "Paris"), ("q3", "Rome"), ("q4", "Rome"))},
+                     method="closed-book")
+    split = search_by_knowledge(probed_run, book)
+    # searches: q1 one, q2 none (known: 0.5 a question); q3 one, q4 one (unknown: 1.0)
+    assert (split.known, split.unknown) == (2, 2)
+    assert (split.searches_known, split.searches_unknown, split.difference) == pytest.approx((0.5, 1.0, 0.5))
+    assert split.low <= 0.5 <= split.high
+    assert "| run-probed | 2 | 2 | 1.00 | 0.50 | +0.50 |" in format_search_by_knowledge([probed_run], book)

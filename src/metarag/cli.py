@@ -226,6 +226,10 @@ def _add_report(sub) -> None:
                     help="with --analysis agent: run the external under-search judge (belief-action paper, "
                          "Appendix G) with this model over each run's final answers first; its verdicts are kept "
                          "in the run folder (under-search-<id>.jsonl) and reported from then on")
+    rp.add_argument("--closed-book", default=None, metavar="RUN",
+                    help="with --analysis agent: a closed-book run of the same model over the same questions; each "
+                         "agent's searches per question on the questions it does not know (closed-book wrong) and "
+                         "on those it does")
     rp.add_argument("--judge-prefix-chunk", type=int, default=0, metavar="C",
                     help="--prefix-chunk for a llama.cpp --judge-llm (exact KV-cache reuse: a verdict does not "
                          "depend on what the judge read before; a new judge id, so verdicts are judged anew)")
@@ -706,6 +710,8 @@ def cmd_report(args: argparse.Namespace) -> int:
         raise_config("--analysis-plots draws the figures of --analysis evoctx; give both")
     if args.judge_llm and args.analysis != "agent":
         raise_config("--judge-llm runs the under-search judge of --analysis agent; give both")
+    if args.closed_book and args.analysis != "agent":
+        raise_config("--closed-book splits the searches of --analysis agent; give both")
     if args.judge_prefix_chunk and not args.judge_llm:
         raise_config("--judge-prefix-chunk sets the model of --judge-llm; give both")
     for path in [*args.runs, *filter(None, [args.baseline])]:
@@ -747,6 +753,11 @@ def cmd_report(args: argparse.Namespace) -> int:
                 print(f"under-search judge: {judge_run(run, judge_llm)}")
         print()
         print(format_agent_analysis(runs))
+        if args.closed_book:
+            from metarag.evaluate.agent_analysis import format_search_by_knowledge
+
+            print()
+            print(format_search_by_knowledge(runs, load_run(args.closed_book)))
     if args.analysis == "evoctx":
         from metarag.evaluate.evoctx_analysis import (
             allocation_vs_distance,

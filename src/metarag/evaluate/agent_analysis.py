@@ -174,6 +174,51 @@ def judged_rate(run: LoadedRun, path: Path) -> JudgedRate:
 
 
 # ---------------------------------------------------------------------------------- report
+@dataclass(frozen=True)
+class SearchByKnowledge:
+    """A run's searches per question on the questions the model does not know (its closed-book answer
+    is wrong, EM 0) and on those it does, and the difference with a bootstrap 95 % interval (the two
+    groups resampled on their own, `stats.mean_shift`): the belief-action paper's claim is that an
+    aligned agent searches when it does not know."""
+
+    run: str
+    unknown: int
+    known: int
+    searches_unknown: float
+    searches_known: float
+    difference: float
+    low: float
+    high: float
+
+
+def search_by_knowledge(run: LoadedRun, closed_book: LoadedRun) -> SearchByKnowledge:
+    """`SearchByKnowledge` of an agent run, split by a closed-book run of the same model over the same
+    questions (the questions both finished)."""
+    from metarag.evaluate.stats import mean_shift
+
+    knows = {r.question_id: bool(r.scores.em) for r in closed_book.results}
+    counts = {r.question_id: sum(s.action == SEARCH for s in agent_steps(r.trace)) for r in run.results}
+    shared = [q for q in run.question_ids if q in knows and q in counts]
+    unknown = [float(counts[q]) for q in shared if not knows[q]]
+    known = [float(counts[q]) for q in shared if knows[q]]
+    if not unknown or not known:
+        raise DataError(f"{run.name}: the closed-book run {closed_book.name} knows {'all' if not unknown else 'none'} "
+                        f"of the {len(shared)} shared questions: nothing to split")
+    shift = mean_shift(known, unknown)
+    return SearchByKnowledge(run.name, len(unknown), len(known), sum(unknown) / len(unknown),
+                             sum(known) / len(known), shift.diff, shift.low, shift.high)
+
+
+def format_search_by_knowledge(runs: Sequence[LoadedRun], closed_book: LoadedRun) -> str:
+    rows = [search_by_knowledge(run, closed_book) for run in runs]
+    lines = [f"### Searches by what the model knows (closed book: {closed_book.name})", "",
+             "| run | unknown (CB wrong) | known (CB right) | searches/q unknown | searches/q known | "
+             "difference | 95 % CI |", "|---|---:|---:|---:|---:|---:|---|"]
+    lines += [f"| {r.run} | {r.unknown} | {r.known} | {r.searches_unknown:.2f} | {r.searches_known:.2f} | "
+              f"{r.difference:+.2f} | {r.low:+.2f}, {r.high:+.2f} |" for r in rows]
+    return "\n".join(lines)
+
+
 def format_agent_analysis(runs: Sequence[LoadedRun], margin: float = 0.0) -> str:
     """The agent table of the runs, then each run's judged under-search rates (from its verdict files)."""
     rows = [agent_summary(run, margin) for run in runs]
