@@ -141,6 +141,8 @@ def summarize(run: LoadedRun, prices: dict[str, Price] | None = None) -> dict:
         "lat/q": sum(u.latency_s for u in usages) / n,
         # a question's time without the cache's lookups: served requests, retrieval, judges that compute
         "served lat/q": sum(u.latency_s for u in served) / n,
+        # the run's whole time as the model served it, in hours (what a table row cost on this machine)
+        "served h": sum(u.latency_s for u in served) / 3600,
         "steps/q": sum(len(r.trace.steps) for r in results) / n,
         "retr/q": sum(u.retrieval_calls for u in usages) / n,
         # distinct passages, as the EvoCtx paper's Table 5 counts them (a passage retrieved again counts once)
