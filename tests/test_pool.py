@@ -139,3 +139,19 @@ def test_the_filter_reads_a_sampled_run_and_writes_the_kept_questions(tmp_path):
     assert filtered.kept == ("q0", "q2") and filtered.right_counts == {0: 1, 2: 2}
     assert write_filtered(data, filtered.kept, tmp_path / "kept.jsonl") == 2
     assert [json.loads(line)["id"] for line in (tmp_path / "kept.jsonl").read_text().splitlines()] == ["q0", "q2"]
+
+
+def test_no_training_command_learns_from_a_held_out_question(tmp_path):
+    from conftest import SHARED_DATA
+
+    from metarag.data.datasets import check_training_split, question_list, resolve_preset, select
+
+    if not (SHARED_DATA / "hotpotqa").is_dir():
+        pytest.skip("needs the shared benchmark data beside the repo")
+    dev = resolve_preset("hotpotqa-dev500", SHARED_DATA)
+    held = select(dev, question_list("headline200", "hotpotqa-dev500").ids[:3])
+    renamed = Dataset("my_train", held.questions, held.passages, str(tmp_path / "my_train.json"), "x", "ircot")
+    with pytest.raises(DataError, match="the training set my_train holds 3 of hotpotqa-dev500's held-out"):
+        check_training_split(renamed, allow_any=True)  # named a training split, and --allow-any: still refused
+    pool = select(dev, question_list("train-pool", "hotpotqa-dev500").ids[:3])
+    check_training_split(Dataset("my_train", pool.questions, pool.passages, "p", "x", "ircot"))  # allowed

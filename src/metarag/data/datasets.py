@@ -386,6 +386,26 @@ def _load_demo() -> Dataset:
         return load_dataset(questions_path, "hotpotqa", corpus=corpus_path, name=DEMO)
 
 
+# The committed list each dataset holds out for evaluation: no training command may learn from its questions
+HELD_OUT_LIST = "headline200"
+
+
+def held_out_ids(listed: str = HELD_OUT_LIST) -> dict[str, frozenset[str]]:
+    """The question ids each dataset holds out for evaluation: its committed `listed` list."""
+    return {dataset: frozenset(question_list(listed, dataset).ids)
+            for dataset in named_question_lists().get(listed, [])}
+
+
+def check_disjoint(question_ids: Sequence[str], listed: str = HELD_OUT_LIST, what: str = "the training pool") -> None:
+    """A DataError when any of `question_ids` is a held-out question of a headline list: training never
+    sees an evaluation question."""
+    for dataset, held in held_out_ids(listed).items():
+        shared = sorted(held & set(question_ids))
+        if shared:
+            raise DataError(f"{what} holds {len(shared)} of {dataset}'s held-out {listed} questions "
+                            f"(first {shared[0]!r}): they are for evaluation only")
+
+
 # ------------------------------------------------------------------------------- training splits
 TRAINING_PRESETS = frozenset({"hotpotqa-train100", "musique-train100", DEMO})
 # "train" at the start of the name or after a non-letter: "train100_official", "my-train", not "retrain".
@@ -401,9 +421,14 @@ def check_training_split(dataset: Dataset, allow_any: bool = False, *, trained: 
     musique-train100, demo); any other preset (hotpotqa-dev500, 2wiki-dev1000, bamboogle ...) is
     refused. A user file is allowed when its name says it is a training split ("train" at the start
     of the file name or after a non-letter: train.json, hotpotqa_train.json, my-train-set.jsonl);
-    any other file needs `allow_any=True` (`--allow-any`), the user's word that it is.
+    any other file needs `allow_any=True` (`--allow-any`), the user's word that it is. And whatever its
+    name, a dataset whose questions include a held-out question of a committed headline list
+    (`HELD_OUT_LIST`) is refused, `--allow-any` or not.
     """
     name = dataset.name
+    questions = getattr(dataset, "questions", None)
+    if questions:
+        check_disjoint([q.id for q in questions], what=f"the training set {name}")
     if name in TRAINING_PRESETS:
         return
     if name in PRESETS:

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from metarag.data.datasets import Dataset
+from metarag.data.datasets import Dataset, check_disjoint
 from metarag.errors import ConfigError, DataError
 from metarag.records import Passage, Question
 
@@ -59,7 +59,6 @@ def mixed_split(datasets: Sequence[object], heldout: int, seed: int) -> Pool:
 # each (preset, committed question list or None). The headline lists stay held out.
 DECLARED_POOL = (("hotpotqa-train100", None), ("musique-train100", None),
                  ("hotpotqa-dev500", "train-pool"), ("2wiki-dev1000", "train-pool"))
-HELD_OUT_LIST = "headline200"
 
 
 def declared_pool(sources: Sequence[tuple[str, str | None]] = DECLARED_POOL, data_dir: str | None = None) -> Pool:
@@ -83,24 +82,6 @@ def declared_pool(sources: Sequence[tuple[str, str | None]] = DECLARED_POOL, dat
         raise DataError("two sources of the pool share a question id", path=", ".join(p for p, _ in sources))
     check_disjoint(ids)
     return Pool(tuple(train), (), tuple(passages))
-
-
-def held_out_ids(listed: str = HELD_OUT_LIST) -> dict[str, frozenset[str]]:
-    """The question ids each dataset holds out for evaluation: its committed `listed` list."""
-    from metarag.data.datasets import named_question_lists, question_list
-
-    return {dataset: frozenset(question_list(listed, dataset).ids)
-            for dataset in named_question_lists().get(listed, [])}
-
-
-def check_disjoint(question_ids: Sequence[str], listed: str = HELD_OUT_LIST, what: str = "the training pool") -> None:
-    """A DataError when any of `question_ids` is a held-out question of a headline list: training never
-    sees an evaluation question."""
-    for dataset, held in held_out_ids(listed).items():
-        shared = sorted(held & set(question_ids))
-        if shared:
-            raise DataError(f"{what} holds {len(shared)} of {dataset}'s held-out {listed} questions "
-                            f"(first {shared[0]!r}): they are for evaluation only")
 
 
 def question_slice(dataset: Dataset, types: Sequence[str] = (), max_hops: int | None = None) -> Dataset:

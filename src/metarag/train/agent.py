@@ -281,14 +281,16 @@ PRECISIONS = {  # precision -> (the weights' torch dtype, TrainingArguments' bf1
     "fp32": ("float32", False), "bf16-autocast": ("float32", True), "bf16": ("bfloat16", False)}
 
 
-def check_training_split(name: str, path: str | None, allow_any: bool = False) -> None:
+def check_training_split(name: str, path: str | None, allow_any: bool = False, questions: Sequence[Any] = ()) -> None:
     """Refuse to train on an evaluation split: `data.datasets.check_training_split`'s rule, for the
-    dataset named `name` (a preset's name, or the file's as the loader names it), read from `path`."""
+    dataset named `name` (a preset's name, or the file's as the loader names it), read from `path`, whose
+    `questions` must hold no held-out question of the headline lists."""
     from types import SimpleNamespace
 
     from metarag.data.datasets import check_training_split as check
 
-    check(SimpleNamespace(name=name, path=path or name), allow_any, trained="the agent is trained")
+    check(SimpleNamespace(name=name, path=path or name, questions=tuple(questions)), allow_any,
+          trained="the agent is trained")
 
 
 # ------------------------------------------------------------------------------ rollout layout
@@ -1604,7 +1606,7 @@ def run_training(dataset_spec: Any, llm_spec: Any, out_dir: str | Path, settings
                           f"{llm_spec.label()}")
     _import_trl()
     dataset = load_questions(dataset_spec)
-    check_training_split(dataset.name, dataset.path, allow_any)
+    check_training_split(dataset.name, dataset.path, allow_any, dataset.questions)
     if not dataset.passages:
         raise ConfigError(f"{dataset.name} has no passages to retrieve from: give it a corpus")
     import torch
