@@ -426,15 +426,13 @@ def check_training_split(dataset: Dataset, allow_any: bool = False, *, trained: 
     (`HELD_OUT_LIST`) is refused, `--allow-any` or not.
     """
     name = dataset.name
+    if name in PRESETS and name not in TRAINING_PRESETS:
+        raise ConfigError(f"{name} is an evaluation set: {trained} only on training splits "
+                          f"({', '.join(sorted(TRAINING_PRESETS))}, or a file of your own training questions)")
     questions = getattr(dataset, "questions", None)
     if questions:
         check_disjoint([q.id for q in questions], what=f"the training set {name}")
-    if name in TRAINING_PRESETS:
-        return
-    if name in PRESETS:
-        raise ConfigError(f"{name} is an evaluation set: {trained} only on training splits "
-                          f"({', '.join(sorted(TRAINING_PRESETS))}, or a file of your own training questions)")
-    if allow_any or _TRAIN_WORD.search(name.lower()):
+    if name in TRAINING_PRESETS or allow_any or _TRAIN_WORD.search(name.lower()):
         return
     raise ConfigError(f"the file {dataset.path} is not named as a training split: rename it to say 'train' "
                       "(e.g. my_train.json) or pass allow_any=True (--allow-any) if it holds no evaluation questions")
