@@ -15,7 +15,9 @@ passages (seeded Zipf-distributed random words, `--words` 20-30 per passage) and
   * dense: FAISS flat against each `--dense-index` type (hnsw, ivfpq): build and training time,
     index size, search speed and recall@10 against flat, over synthetic unit vectors of dimension
     384 (encoding N passages with MiniLM on 2 cores would take hours), over the first
-    `--dense-scale` passages;
+    `--dense-scale` passages; IVF-PQ by its codes alone and with its top R candidates re-scored
+    with the exact float16 vectors memory-mapped from disk (`--rescore`, `DenseSettings.ivfpq_rescore`),
+    at each of `--nprobes`, with the size of those vectors on disk;
   * hybrid (RRF of BM25 and HNSW top 100, top 5 kept) queries/s with precomputed query embeddings,
     plus MiniLM's query-encoding time measured on its own;
   * per-query latency of the remote retriever (the service in a child process on a free loopback
@@ -113,9 +115,12 @@ def main(argv: Sequence[str] | None = None) -> None:
                              "ivfpq (default: hnsw; the hybrid part needs hnsw)")
     parser.add_argument("--pq-m", default="0", metavar="M,...",
                         help="scale mode, ivfpq: code counts to compare, comma-separated (default 0: dim/8)")
-    parser.add_argument("--rescore", type=int, default=0, metavar="R",
-                        help="scale mode, ivfpq: also re-score IVF-PQ's top R with the exact vectors (benchmark "
-                             "only: what a re-scoring step would buy)")
+    parser.add_argument("--rescore", default="100,200,500", metavar="R,...",
+                        help="scale mode, ivfpq: re-scoring depths to compare besides the codes alone: IVF-PQ's top R "
+                             "re-scored with the exact float16 vectors memory-mapped from disk (DenseSettings."
+                             "ivfpq_rescore; default 100,200,500; 0 for none)")
+    parser.add_argument("--nprobes", default="8,16,32,64,128,256,512", metavar="N,...",
+                        help="scale mode, ivf/ivfpq: the nprobe values timed (default 8,16,32,64,128,256,512)")
     parser.add_argument("--dense-queries", type=int, default=0, metavar="Q",
                         help="scale mode: queries the dense indexes are timed on (default: all --queries; flat "
                              "search over 1M vectors takes ~0.1-0.5 s a query)")
@@ -419,7 +424,15 @@ def dense_comparison(args: argparse.Namespace, passages: Sequence[Passage], quer
     time, index memory, ms/query and recall@k against flat; returns the HNSW retriever (or None)."""
     import faiss
 
-    from metarag.retrieve.dense import DenseRetriever, DenseSettings, index_spec, make_index, with_index_type
+    from metarag.retrieve.dense import (
+        EXACT_FILE,
+        DenseRetriever,
+        DenseSettings,
+        exact_vectors,
+        index_spec,
+        make_index,
+        with_index_type,
+    )
 
     if args.faiss_threads:
         faiss.omp_set_num_threads(args.faiss_threads)
@@ -444,20 +457,6 @@ def dense_comparison(args: argparse.Namespace, passages: Sequence[Passage], quer
         return statistics.mean(len({h.passage.id for h in g} & {h.passage.id for h in e}) / args.k
                                for g, e in zip(got, exact))
 
-    def rescored_row(index: Any, nprobe: int, exact: list) -> list[str]:
-        """IVF-PQ's top `--rescore` re-scored with the exact vectors (here in memory): what a re-scoring
-        step over memory-mapped embeddings would buy. Not a metarag feature yet."""
-        def search(query: str) -> list[int]:
-            vector = encoder.vectors[query][None, :]
-            candidates = index.search(vector, args.rescore)[1][0]
-            candidates = candidates[candidates >= 0]
-            return candidates[np.argsort(-(vectors[candidates] @ vector[0]), kind="stable")[:args.k]].tolist()
-
-        ms = per_query_ms(search, dense_queries)
-        got = statistics.mean(len(set(search(q)) & {int(h.passage.id[1:]) for h in e}) / args.k
-                              for q, e in zip(dense_queries, exact))
-        return ["", "", "", "", f"nprobe {nprobe}, top {args.rescore} re-scored exactly", f"{ms:.2f}", f"{got:.3f}"]
-
     base = DenseSettings(cache_size=0)
     log("building the flat index")
     flat, flat_s, flat_rss = timed_build(base, {"type": "flat"})
@@ -466,8 +465,8 @@ def dense_comparison(args: argparse.Namespace, passages: Sequence[Passage], quer
         flat.search(q, args.k)
     flat_ms = per_query_ms(lambda q: flat.search(q, args.k), dense_queries)
     exact = flat.search_many(dense_queries, args.k)
-    rows = [["flat (exact)", f"{flat_s:.1f}", index_mb(flat._index), f"{flat_rss:,.0f}", "-", f"{flat_ms:.2f}",
-             "1.000"]]
+    rows = [["flat (exact)", f"{flat_s:.1f}", index_mb(flat._index), "-", f"{flat_rss:,.0f}", "-", f"{flat_ms:.2f}",
+             f"{1000 / flat_ms:,.0f}", "1.000"]]
     hnsw = None
     for kind in kinds:
         if kind == "hnsw":
@@ -481,30 +480,45 @@ def dense_comparison(args: argparse.Namespace, passages: Sequence[Passage], quer
                 default = " (default)" if ef == settings.hnsw_ef_search else ""
                 rows.append([f"HNSW M={spec['m']} efC={spec['ef_construction']}" if ef == 32 else "",
                              f"{build_s:.1f}" if ef == 32 else "", index_mb(hnsw._index) if ef == 32 else "",
-                             f"{rss:,.0f}" if ef == 32 else "", f"ef_search {ef}{default}", f"{ms:.2f}",
-                             f"{recall(hnsw, exact):.3f}"])
+                             "-" if ef == 32 else "", f"{rss:,.0f}" if ef == 32 else "", f"ef_search {ef}{default}",
+                             f"{ms:.2f}", f"{1000 / ms:,.0f}", f"{recall(hnsw, exact):.3f}"])
             hnsw._index.hnsw.efSearch = settings.hnsw_ef_search
         elif kind == "ivfpq":
+            nprobes = [int(v) for v in args.nprobes.split(",")]
+            depths = [int(v) for v in args.rescore.split(",") if int(v) > 0]
             for pq_m in [int(v) for v in args.pq_m.split(",")]:
                 settings = with_index_type(DenseSettings(cache_size=0, pq_m=pq_m), "ivfpq")
                 spec = index_spec(m, settings)
                 log(f"training and filling the IVF-PQ index ({spec})")
-                ivfpq, build_s, rss = timed_build(settings, spec)
-                codes = ivfpq._index.pq.M
-                for nprobe in (8, 16, 32, 64, 128):
-                    ivfpq._index.nprobe = nprobe
-                    ms = per_query_ms(functools.partial(ivfpq.search, k=args.k), dense_queries)
-                    default = " (default)" if nprobe == settings.ivf_nprobe else ""
-                    first = nprobe == 8
-                    rows.append([f"IVF{spec['nlist']},PQ{codes}x{spec['nbits']}" if first else "",
-                                 f"{build_s:.1f}" if first else "", index_mb(ivfpq._index) if first else "",
-                                 f"{rss:,.0f}" if first else "", f"nprobe {nprobe}{default}", f"{ms:.2f}",
-                                 f"{recall(ivfpq, exact):.3f}"])
-                ivfpq._index.nprobe = settings.ivf_nprobe
-                for nprobe in (settings.ivf_nprobe, 128) if args.rescore else ():
-                    ivfpq._index.nprobe = nprobe
-                    rows.append(rescored_row(ivfpq._index, nprobe, exact))
-                del ivfpq
+                before = own_memory("VmRSS")
+                start = time.perf_counter()
+                index = make_index([vectors], spec)
+                with tempfile.TemporaryDirectory() as folder:  # the exact vectors as a saved index keeps them
+                    exact_file = Path(folder) / EXACT_FILE
+                    on_disk = exact_vectors([vectors], exact_file)
+                    build_s = time.perf_counter() - start
+                    ivfpq = DenseRetriever(passages[:m], index, encoder, settings, on_disk)
+                    rss = (own_memory("VmRSS") - before) / 1e6
+                    exact_mb = f"{exact_file.stat().st_size / 1e6:,.0f}"
+                    codes = ivfpq._index.pq.M
+                    first = True
+                    for depth in [0, *depths]:
+                        for nprobe in nprobes if depth == 0 else [n for n in nprobes if n >= 32]:
+                            ivfpq.settings = dataclasses.replace(settings, ivfpq_rescore=depth, ivf_nprobe=nprobe)
+                            ivfpq._index.nprobe = nprobe
+                            ms = per_query_ms(functools.partial(ivfpq.search, k=args.k), dense_queries)
+                            default = " (default)" if (nprobe, depth) == (settings.ivf_nprobe,
+                                                                           settings.ivfpq_rescore) else ""
+                            how = f"nprobe {nprobe}, " + (f"top {depth} re-scored" if depth else "codes only")
+                            rows.append([f"IVF{spec['nlist']},PQ{codes}x{spec['nbits']}" if first else "",
+                                         f"{build_s:.1f}" if first else "", index_mb(ivfpq._index) if first else "",
+                                         exact_mb if first else "", f"{rss:,.0f}" if first else "", how + default,
+                                         f"{ms:.2f}", f"{1000 / ms:,.0f}", f"{recall(ivfpq, exact):.3f}"])
+                            first = False
+                    mapped = (own_memory("VmRSS") - before) / 1e6
+                    print(f"(IVF-PQ pq_m {codes}: RSS growth after every search above {mapped:,.0f} MB, the "
+                          "exact vectors' pages read by re-scoring included)")
+                    del ivfpq, on_disk
         else:
             raise SystemExit(f"--dense-index {kind!r}: compare flat with hnsw and/or ivfpq")
     vector_note = ("24-d Gaussian latent through a fixed random map plus noise, normalized"
@@ -512,8 +526,8 @@ def dense_comparison(args: argparse.Namespace, passages: Sequence[Passage], quer
     print_table(f"Dense search over {m:,} SYNTHETIC random unit vectors of dimension {DIM} ({vector_note}; "
                 f"not MiniLM embeddings), one query at a time, k={args.k}, {len(dense_queries)} queries, FAISS "
                 f"threads {faiss.omp_get_max_threads()}",
-                ["index", "build s (incl. training)", "index MB (serialized)", "RSS growth MB", "search setting",
-                 "ms/query", f"recall@{args.k} vs flat"], rows)
+                ["index", "build s (incl. training)", "index MB (serialized)", "exact vectors on disk MB",
+                 "RSS growth MB", "search setting", "ms/query", "queries/s", f"recall@{args.k} vs flat"], rows)
     if m < len(passages):
         print(f"(dense over the first {m:,} passages only: --dense-scale)")
     return hnsw

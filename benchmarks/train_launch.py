@@ -9,7 +9,17 @@ even (the policy can move its logits toward them), so that both curves have a sh
 With two processes each rolls out half of every group, so on an idle machine with two cores a step
 should take about half as long; on a loaded machine, less gain.
 
+`--memory`: host memory per process at load, two processes launched under the FSDP2 configuration
+(configs/accelerate/8gpu-fsdp.yaml: `cpu_ram_efficient_loading`), loading `--llm` (the embedded 0.5B
+read through transformers) and making the KL reference model of full fine-tuning, the way train-agent
+did before 2026-12-06 ("before": every process loads the float32 weights, then deep-copies them for
+the reference) and the way it does now ("after": `load_base`, the main process alone reads the weights,
+the other holds the architecture on the meta device; `meta_reference`, the reference on the meta device,
+given the main process's weights only when FSDP2 shards it). Resident memory after loading, after the
+reference, and the peak (VmHWM), per process, each way in a launch of its own.
+
     .venv/bin/python benchmarks/train_launch.py [--steps 20] [--group 8] [--tokens 16] [--lr 1e-3]
+    nice -n 15 .venv/bin/python benchmarks/train_launch.py --memory [--llm hf-0.5b]
 """
 from __future__ import annotations
 
@@ -60,6 +70,80 @@ def worker(out: Path, steps: int, group: int, tokens: int, lr: float) -> None:
                 rollouts=EvenTokens(questions, retriever, settings))
 
 
+def memory(key: str) -> float:
+    """This process's VmRSS or VmHWM in GB."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1]) / 1024 ** 2
+    return float("nan")
+
+
+def memory_worker(out: Path, way: str, llm: str) -> None:
+    """One process of a `--memory` launch: load as `way` says, write what it held."""
+    import copy
+    import dataclasses
+
+    import torch
+    from accelerate import PartialState
+
+    from metarag.llm.registry import backend_settings, parse_llm_spec
+    from metarag.train.agent import load_base, meta_reference, rank0_loading, trainable
+
+    torch.set_num_threads(1)
+    state = PartialState(cpu=True)
+    settings = dataclasses.replace(backend_settings(parse_llm_spec(llm)), device="cpu", dtype="float32")
+    start = memory("VmRSS")
+    if way == "before":
+        from metarag.llm.hf import HFLLM
+
+        model = trainable(HFLLM(settings).model)
+        loaded = memory("VmRSS")
+        reference = copy.deepcopy(model)
+    else:
+        model, *_ = load_base(settings, state)
+        loaded = memory("VmRSS")
+        reference = meta_reference(model)
+    record = {"process": state.process_index, "way": way, "rank0_loading": rank0_loading(), "start_gb": start,
+              "loaded_gb": loaded, "with_reference_gb": memory("VmRSS"), "peak_gb": memory("VmHWM"),
+              "policy_on_meta": next(model.parameters()).is_meta,
+              "reference_on_meta": next(reference.parameters()).is_meta,
+              "parameters": sum(p.numel() for p in model.parameters())}
+    (out / f"memory-{way}-{state.process_index}.json").write_text(json.dumps(record))
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+def memory_benchmark(args) -> None:
+    config = HERE.parent.parent / "configs" / "accelerate" / "8gpu-fsdp.yaml"
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for way in ("before", "after"):
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+            command = [str(Path(sys.executable).with_name("accelerate")), "launch", "--config_file", str(config),
+                       "--num_processes", "2", "--mixed_precision", "no", "--main_process_ip", "127.0.0.1",
+                       "--main_process_port", str(port), str(HERE), "--memory-worker", tmp, "--way", way,
+                       "--llm", args.llm]
+            done = subprocess.run(command, capture_output=True, text=True, env=env)
+            if done.returncode != 0:
+                raise SystemExit(f"the {way} launch failed:\n{done.stderr[-2000:]}")
+            rows += [json.loads((Path(tmp) / f"memory-{way}-{i}.json").read_text()) for i in (0, 1)]
+    print(f"host memory per process at load, {args.llm}, 2 gloo processes under configs/accelerate/8gpu-fsdp.yaml "
+          f"({rows[0]['parameters'] / 1e6:.0f}M parameters, float32; the KL reference of full fine-tuning made too)")
+    print("way    | process | weights read | RSS loaded GB | RSS with reference GB | peak (VmHWM) GB")
+    for r in rows:
+        print(f"{r['way']:6s} | {r['process']:7d} | {'no (meta)' if r['policy_on_meta'] else 'yes':12s} | "
+              f"{r['loaded_gb']:13.2f} | {r['with_reference_gb']:21.2f} | {r['peak_gb']:15.2f}")
+    for way in ("before", "after"):
+        total = sum(r["with_reference_gb"] for r in rows if r["way"] == way)
+        print(f"{way}: both processes together {total:.2f} GB resident after loading and the reference")
+
+
 def run(processes: int, out: Path, args) -> list[dict]:
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     program = [str(HERE), "--worker", str(out), "--steps", str(args.steps), "--group", str(args.group),
@@ -90,6 +174,10 @@ def correlation(a: list[float], b: list[float]) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--worker", metavar="OUT", help=argparse.SUPPRESS)
+    parser.add_argument("--memory-worker", metavar="OUT", help=argparse.SUPPRESS)
+    parser.add_argument("--way", choices=("before", "after"), help=argparse.SUPPRESS)
+    parser.add_argument("--memory", action="store_true", help="host memory per process at load (see above)")
+    parser.add_argument("--llm", default="hf-0.5b", help="--memory: the transformers model loaded")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--group", type=int, default=8)
     parser.add_argument("--tokens", type=int, default=16)
@@ -98,6 +186,12 @@ def main() -> None:
     args = parser.parse_args()
     if args.worker:
         worker(Path(args.worker), args.steps, args.group, args.tokens, args.lr)
+        return
+    if args.memory_worker:
+        memory_worker(Path(args.memory_worker), args.way, args.llm)
+        return
+    if args.memory:
+        memory_benchmark(args)
         return
     with tempfile.TemporaryDirectory() as tmp:
         logs = {p: run(p, Path(tmp) / f"p{p}", args) for p in (1, 2)}

@@ -2,10 +2,12 @@
 
 It answers `GET /v1/models`, `POST /v1/chat/completions` and `POST /v1/completions` with the text
 `answer(prompt)` gives (a constant by default). `mode` switches it at any time: "ok" answers,
-"hang" accepts requests and never answers (until stopped), "error" answers HTTP 500. It can be
-stopped and started again on the same port, as a server that dies and comes back.
+"hang" accepts requests and never answers (until stopped), "error" answers HTTP 500; "hang-completions"
+and "error-completions" do so to completions only, `GET /v1/models` still answering (a server whose
+health looks fine). It can be stopped and started again on the same port, as a server that dies and
+comes back.
 
-    python tests/fake_openai.py --port 8011 [--answer Paris] [--mode ok|hang|error] [--delay SECONDS]
+    python tests/fake_openai.py --port 8011 [--answer Paris] [--mode ok|hang|error|...] [--delay SECONDS]
 """
 from __future__ import annotations
 
@@ -31,6 +33,7 @@ class FakeOpenAIServer:
         self.delay_s = delay_s  # before each completion, as a model would take
         self.port = port
         self.requests = 0
+        self.received = 0  # completion requests received, answered or not
         self.in_flight = 0  # completions being answered now, and the most at once so far
         self.peak_in_flight = 0
         self._counting = threading.Lock()
@@ -85,12 +88,13 @@ def _handler(server: FakeOpenAIServer):
             self.end_headers()
             self.wfile.write(data)
 
-        def _misbehave(self) -> bool:
-            if server.mode == "hang":
+        def _misbehave(self, completion: bool = False) -> bool:
+            mode = server.mode.removesuffix("-completions") if completion else server.mode
+            if mode == "hang":
                 server._released.wait()
                 self.close_connection = True
                 return True
-            if server.mode == "error":
+            if mode == "error":
                 self._send(500, {"error": {"message": "fake server error", "type": "server_error"}})
                 return True
             return False
@@ -106,7 +110,9 @@ def _handler(server: FakeOpenAIServer):
 
         def do_POST(self) -> None:
             body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
-            if self._misbehave():
+            with server._counting:
+                server.received += 1
+            if self._misbehave(completion=True):
                 return
             with server._counting:
                 server.in_flight += 1
@@ -139,7 +145,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--answer", default="Paris")
-    parser.add_argument("--mode", default="ok", choices=("ok", "hang", "error"))
+    parser.add_argument("--mode", default="ok", choices=("ok", "hang", "error", "hang-completions",
+                                                        "error-completions"))
     parser.add_argument("--delay", type=float, default=0.0, help="seconds before each completion")
     args = parser.parse_args()
     server = FakeOpenAIServer(args.port, args.answer, args.mode, args.delay).start()

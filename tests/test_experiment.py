@@ -3,6 +3,7 @@ then one report per dataset against the reference row — here against a fake Op
 (no model) — with the same run ids as the equivalent `metarag eval` commands, so that kept run folders
 resume."""
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -68,7 +69,7 @@ def test_a_cell_has_the_run_id_of_the_same_eval_command(tmp_path):
     assert prepare(cell)[0].path == prepare(eval_config_from_args(args))[0].path
 
 
-def test_the_kept_table_runs_resume_under_their_experiment_files():
+def test_the_kept_table_runs_resume_under_their_experiment_files(tmp_path, monkeypatch, capsys):
     """The run folders kept in docs/table-runs are the cells of experiments/*.toml at --limit 30 (the
     rows whose method has not changed revision since they ran)."""
     from conftest import SHARED_DATA
@@ -82,12 +83,59 @@ def test_the_kept_table_runs_resume_under_their_experiment_files():
             ("evoctx.toml", "evoctx-table", "musique-train100", ("standard-rag", "evoctx:confidence_probe=true")),
             ("agent.toml", "agent-table", "hotpotqa-dev500",
              ("closed-book", "belief-agent", "belief-agent:probe=true"))):
-        # (not the wiki-corpus datasets: a corpus path is part of the run id, and the kept runs name the
-        # data folder beside the checkout they ran in, /work/main/../shared/data)
         experiment = with_overrides(load_experiment(EXPERIMENTS / file), limit=30)
         for label in rows:
             path = prepare(eval_config(experiment, Row.parse(label), dataset, kept / folder))[0].path
             assert (path / "results.jsonl").is_file(), (file, label, dataset, path.name)
+    # The wiki-corpus cells: their folders were named by a hash of the corpus's path as given then
+    # (/work/main/../shared/data/...); a corpus is now hashed by its content, and those folders are found
+    # by their settings, so they resume whatever the data folder's place (here a link elsewhere).
+    moved = tmp_path / "moved-data"
+    moved.symlink_to(SHARED_DATA)
+    monkeypatch.setenv("METARAG_DATA_DIR", str(moved))
+    experiment = with_overrides(load_experiment(EXPERIMENTS / "agent.toml"), limit=30)
+    for dataset in ("nq-1000", "triviaqa-1000", "popqa-1000", "bamboogle"):
+        for label in ("standard-rag", "belief-agent", "belief-agent:probe=true"):
+            cell = eval_config(experiment, Row.parse(label), dataset, kept / "agent-table")
+            assert cell.dataset.corpus.startswith(str(moved))
+            path = prepare(cell)[0].path
+            assert (path / "results.jsonl").is_file(), (label, dataset, path.name)
+    # the headline tables' closed-book run, being written now, keeps its folder
+    assert main(["eval", "--method", "closed-book", "--dataset", "hotpotqa-dev500", "--questions", "headline200",
+                 "--runs-dir", str(kept / "headline"), "--print-run-dir"]) == 0
+    assert capsys.readouterr().out.strip() == str(kept / "headline" / "closed-book-hotpotqa-dev500-embedded-97d9994b54")
+
+
+def test_a_kept_wiki_corpus_run_resumes_from_a_moved_data_folder_and_runs_nothing_again(tmp_path, monkeypatch):
+    from conftest import SHARED_DATA
+
+    from metarag.evaluate.harness import evaluate
+
+    if not (SHARED_DATA / "wiki_sample").is_dir():
+        pytest.skip("needs the shared benchmark data beside the repo")
+    kept = Path(__file__).parents[1] / "docs" / "table-runs" / "agent-table"
+    kept = kept / "standard-rag-nq-1000-embedded-7dca2c5aea"
+    copy = tmp_path / "runs" / kept.name
+    shutil.copytree(kept, copy, ignore=shutil.ignore_patterns("*.lock"))
+    moved = tmp_path / "moved-data"
+    moved.symlink_to(SHARED_DATA)
+    monkeypatch.setenv("METARAG_DATA_DIR", str(moved))
+    cell = eval_config(with_overrides(load_experiment(EXPERIMENTS / "agent.toml"), limit=30), Row("standard-rag"),
+                       "nq-1000", tmp_path / "runs")
+
+    class Unasked:
+        """The model the run recorded, which must not be asked anything: every question is done."""
+        identity = json.loads((kept / "manifest.json").read_text())["model_identity"]
+
+        def complete(self, *args, **kwargs):
+            raise AssertionError("a finished question was run again")
+
+        chat = score_labels = complete
+
+    before = (copy / "results.jsonl").read_bytes()
+    store, results = evaluate(cell, progress=False, llm=Unasked())
+    assert store.path == copy and len(results) == 30 and not any(r.failed for r in results)
+    assert (copy / "results.jsonl").read_bytes() == before
 
 
 def test_bad_files_are_refused_naming_the_file_and_field(tmp_path):

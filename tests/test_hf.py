@@ -1,6 +1,7 @@
 """The transformers back-end beyond the shared contract: weights identity, attention weights and
 hidden states, the model-folder path, the spec strings that name it; and one embedded test that
 reads the 0.5B GGUF through transformers' GGUF reader."""
+import dataclasses
 import importlib.util
 
 import numpy as np
@@ -201,6 +202,69 @@ def test_a_group_of_rollouts_runs_its_shared_prompt_once(tiny, attention):
     b = fresh.generate_batch([TokenIds(m) for m in mixed], decodings[:2])
     assert [c.token_ids for c in a] == [c.token_ids for c in b]
     assert all(np.allclose(_logprobs(x), _logprobs(y), atol=1e-5) for x, y in zip(a, b))
+
+
+@needs_torch
+@pytest.mark.parametrize("sampling", [
+    dict(temperature=0.0),  # greedy
+    dict(temperature=1.0),  # a training rollout's
+    dict(temperature=0.7, top_p=0.9),
+    dict(temperature=1.0, top_k=5, repetition_penalty=1.3),
+    dict(temperature=0.0, repetition_penalty=1.5),
+])
+def test_sampling_on_the_device_gives_the_host_rules_tokens(tiny, sampling):
+    """Every row's next token picked in torch for the whole batch (`HFSettings.sampling` "device")
+    against the shared rule in numpy row by row ("host"): with the same seeds the same tokens, their
+    log-probs, entropies and top alternatives equal up to float64 rounding, the same finish reasons."""
+    from metarag.llm.hf import HFLLM, HFSettings
+
+    device, host = (HFLLM.from_model(tiny.model, tiny.tokenizer, identity="tiny",
+                                     settings=HFSettings(embedded=None, prefix_cache_tokens=0, sampling=where))
+                    for where in ("device", "host"))
+    prompts = ["The capital of France is", "Gustave Eiffel was born in", "Question: Who built the tower?",
+               "Yes sir", "Lyon is a city in"]  # G = 5 rows of one batch
+    decodings = [Decoding(max_tokens=24, seed=seed, logprobs=3, stop=("Dijon",), **sampling) for seed in range(5)]
+    ours, theirs = device.generate_batch(prompts, decodings), host.generate_batch(prompts, decodings)
+    assert [c.token_ids for c in ours] == [c.token_ids for c in theirs]
+    assert [(c.text, c.finish_reason, c.stop) for c in ours] == [(c.text, c.finish_reason, c.stop) for c in theirs]
+    for a, b in zip(ours, theirs):
+        assert np.allclose(_logprobs(a), _logprobs(b), atol=1e-9)
+        assert np.allclose([t.entropy for t in a.tokens], [t.entropy for t in b.tokens], atol=1e-9)
+        assert [[piece for piece, _ in t.top] for t in a.tokens] == [[piece for piece, _ in t.top] for t in b.tokens]
+    if sampling["temperature"] > 0:  # the seeds matter: other seeds, other tokens
+        again = device.generate_batch(prompts, [dataclasses.replace(d, seed=d.seed + 10) for d in decodings])
+        assert [c.token_ids for c in again] != [c.token_ids for c in ours]
+
+
+@needs_torch
+def test_the_sampling_place_is_a_checked_setting():
+    from metarag.llm.hf import HFSettings
+
+    with pytest.raises(ConfigError, match="sampling must be one of device, host, not 'gpu'"):
+        HFSettings(sampling="gpu")
+
+
+@needs_torch
+def test_a_model_on_the_meta_device_is_the_loaded_models_architecture(tmp_path, tiny):
+    """What a process that receives its weights from the main process holds (FSDP2's rank-0 loading):
+    the same parameter names, shapes and dtypes as the loaded model, tied embeddings tied, none of
+    them allocated, the rotary frequencies (buffers FSDP2 does not send) computed as the loaded model's."""
+    import torch
+
+    from metarag.llm.hf import HFLLM, HFSettings, meta_model
+
+    tiny.model.save_pretrained(tmp_path)
+    tiny.tokenizer.save_pretrained(tmp_path)
+    settings = HFSettings(embedded=None, path=str(tmp_path), device="cpu", dtype="float32")
+    skeleton, tokenizer = meta_model(settings)
+    loaded = HFLLM(settings).model
+    shapes = {n: (tuple(p.shape), p.dtype) for n, p in loaded.named_parameters()}
+    assert {n: (tuple(p.shape), p.dtype) for n, p in skeleton.named_parameters()} == shapes
+    assert all(p.is_meta for p in skeleton.parameters())
+    assert skeleton.lm_head.weight is skeleton.model.embed_tokens.weight
+    buffers = dict(loaded.named_buffers())
+    assert all(torch.equal(b, buffers[n]) for n, b in skeleton.named_buffers())
+    assert tokenizer.get_vocab() == tiny.tokenizer.get_vocab()
 
 
 def test_the_prefix_store_keeps_the_longest_sequences_within_its_budget():

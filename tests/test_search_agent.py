@@ -205,7 +205,8 @@ def test_think_prefix_opens_every_unforced_reply_inside_the_reasoning_tag(corpus
     # off (the paper's agent), the step prompt ends with the user's message, and the run id is unchanged
     plain = agent_run("belief-agent", scripted(ANSWER), corpus).of_kind(Generate)
     assert plain[0].prompt[-1].role == "user"
-    without = {k: v for k, v in dataclasses.asdict(BeliefAgentSettings()).items() if k != "think_prefix"}
+    without = {k: v for k, v in dataclasses.asdict(BeliefAgentSettings()).items()
+               if k not in ("think_prefix", "belief_table")}
     assert settings_hash(BeliefAgentSettings()) == settings_hash(without)
 
 
@@ -392,3 +393,35 @@ def test_search_r1_cuts_an_information_block_at_max_obs_tokens(corpus):
     second = [s for s in cut.steps if isinstance(s, Generate)][1].prompt[-1].content
     block = second.split("<information>", 1)[1]
     assert "</information>" not in block and len(llm.piece_tokens("<information>" + block)) <= 14
+
+
+def test_a_belief_table_gives_the_first_step_its_belief_and_no_probe_runs(tmp_path):
+    import json
+
+    from metarag.errors import ConfigError, DataError
+    from metarag.llm.scripted import ScriptedLLM
+    from metarag.methods.runner import Runtime, run
+    from metarag.methods.search_agent import BeliefAgent, BeliefAgentSettings
+    from metarag.policy.agent_trace import agent_steps
+    from metarag.records import Passage, Question
+    from metarag.retrieve.memory import MemoryRetriever
+
+    table = tmp_path / "beliefs.jsonl"
+    table.write_text(json.dumps({"question_id": "q1", "agreement": 0.2}) + "\n")
+    llm = ScriptedLLM([("Your question", ["<think>x</think><search>capital of France</search>",
+                                          "<think>y</think><answer>Paris</answer>"])])
+    agent = BeliefAgent(BeliefAgentSettings(T=3, k=1, verify_first=False, probe=True, belief_table=str(table)))
+    trace = run(agent, Question("q1", "What is the capital of France?", ("Paris",)),
+                Runtime(llm, MemoryRetriever([Passage("p1", "France", "Paris is the capital of France.")])))
+    steps = agent_steps(trace)
+    assert [s.belief for s in steps] == [pytest.approx(-0.6), None]  # 2 * 0.2 - 1 at step 0 only
+    assert not any("capable of answering" in p for p in llm.prompts)  # the table replaces the probe
+    missing = run(agent, Question("q2", "Who?", ("x",)), Runtime(llm, MemoryRetriever([])))
+    assert "'q2' is not in the belief table" in missing.error
+    with pytest.raises(ConfigError, match="is not a file"):
+        BeliefAgentSettings(belief_table=str(tmp_path / "none.jsonl"))
+    table.write_text('{"question_id": "q1", "agreement": 2}\n')
+    from metarag.methods.search_agent import read_belief_table
+
+    with pytest.raises(DataError, match="line 1: agreement 2.0 is outside"):
+        read_belief_table(str(table))

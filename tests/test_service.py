@@ -64,9 +64,12 @@ def service(local):
 # ------------------------------------------------------------------------------------ service
 @needs_server
 def test_health_names_the_retriever(service):
+    from metarag.data.corpus import corpus_fingerprint
+
     assert service.url.startswith("http://127.0.0.1:") and service.port > 0
     with urllib.request.urlopen(service.url + "/health", timeout=10) as response:
-        assert json.loads(response.read()) == {"status": "ok", "retriever": "memory", "passages": 7, "limits": {
+        assert json.loads(response.read()) == {"status": "ok", "retriever": "memory", "passages": 7,
+                                               "corpus_fingerprint": corpus_fingerprint(CITIES), "limits": {
             "max_topk": 1000, "max_queries": 1024, "max_query_chars": 2000, "max_hits": 10000,
             "max_body_bytes": 1_000_000}}
 

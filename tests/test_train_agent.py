@@ -1077,3 +1077,92 @@ def test_an_old_run_resumes_only_with_the_scaling_and_probe_it_had(tmp_path):
     with pytest.raises(ConfigError, match="another scale_rewards"):
         _check_resumable(tmp_path, {"method": "belief-agent", "reward": "belief", "scale_rewards": "none",
                                     "probe_weights": "policy"})
+
+
+@needs_trl
+def test_full_fine_tuning_at_kl_0_loads_no_reference_model(tiny, tmp_path, monkeypatch):
+    import copy
+
+    from metarag.train.agent import train_agent
+
+    base, tokenizer = tiny
+    model = copy.deepcopy(base)
+    copied = []
+    real = copy.deepcopy
+    monkeypatch.setattr(copy, "deepcopy", lambda x, memo=None: (copied.append(x is model), real(x, memo))[1])
+    settings = AgentTrainSettings(method="search-r1", reward="search-r1", lora=False, kl_coef=0.0, **TINY)
+    rollouts = AgentRollouts(QUESTIONS, MemoryRetriever(PASSAGES), settings)
+    train_agent(QUESTIONS, MemoryRetriever(PASSAGES), model, tokenizer, tmp_path, settings, rollouts=rollouts)
+    assert rollouts.trainer.ref_model is None and not any(copied)  # no copy of the policy was made
+    assert "kl" not in read_log(tmp_path)[0]
+
+
+@needs_trl
+def test_the_fsdp2_reference_is_the_policys_architecture_with_nothing_allocated(tiny):
+    import torch
+
+    from metarag.train.agent import meta_reference
+
+    base, _ = tiny
+    reference = meta_reference(base)
+    assert all(p.is_meta for p in reference.parameters())
+    assert {n: (tuple(p.shape), p.dtype) for n, p in reference.named_parameters()} == \
+        {n: (tuple(p.shape), p.dtype) for n, p in base.named_parameters()}
+    buffers = dict(base.named_buffers())  # the rotary frequencies, which FSDP2 does not send, are real
+    assert all(torch.equal(b, buffers[n]) for n, b in reference.named_buffers())
+
+
+@needs_trl
+def test_sharded_setups_the_rollouts_cannot_run_whole_are_refused_in_one_line(monkeypatch):
+    from types import SimpleNamespace
+
+    from metarag.train.agent import check_sharding
+
+    def trainer(fsdp_version=None, zero_stage=None, gather=True):
+        state = SimpleNamespace(deepspeed_plugin=SimpleNamespace(zero_stage=zero_stage) if zero_stage else None,
+                                fsdp_plugin=SimpleNamespace(fsdp_version=fsdp_version) if fsdp_version else None)
+        return SimpleNamespace(accelerator=SimpleNamespace(state=state),
+                               args=SimpleNamespace(ds3_gather_for_generation=gather))
+
+    settings = AgentTrainSettings()
+    frozen = AgentTrainSettings(probe_weights="frozen")
+    for case, message in ((trainer(fsdp_version=1), "FSDP version 1 cannot give the rollouts the whole model"),
+                          (trainer(zero_stage=3, gather=False), "need the policy gathered"),):
+        with pytest.raises(ConfigError, match=message) as caught:
+            check_sharding(case, settings, lora=False)
+        assert "\n" not in str(caught.value)
+    with pytest.raises(ConfigError, match="ZeRO-3 shards and nothing gathers"):
+        check_sharding(trainer(zero_stage=3), frozen, lora=False)
+    check_sharding(trainer(zero_stage=3), frozen, lora=True)  # the adapter switched off: the policy's own weights
+    check_sharding(trainer(fsdp_version=2), frozen, lora=False)  # FSDP2 gathers the reference too
+    check_sharding(trainer(), settings, lora=False)
+
+
+def test_the_accelerate_configs_parse_and_the_fsdp_one_is_what_the_rollouts_and_loading_need(monkeypatch):
+    pytest.importorskip("accelerate")
+    from accelerate.commands.config.config_args import ClusterConfig
+
+    from metarag.train.agent import rank0_loading
+
+    folder = Path(__file__).parent.parent / "configs" / "accelerate"
+    configs = {p.name: ClusterConfig.from_yaml_file(str(p)) for p in sorted(folder.glob("*.yaml"))}
+    assert set(configs) == {"1gpu.yaml", "8gpu-ddp.yaml", "8gpu-fsdp.yaml"}
+    fsdp = configs["8gpu-fsdp.yaml"]
+    assert fsdp.distributed_type == "FSDP" and fsdp.mixed_precision == "bf16" and fsdp.num_processes == 8
+    # version 2 (whole_for_rollouts gathers FSDP2 units; version 1 is refused), whole checkpoints, and the
+    # main process alone reading the weights (load_base)
+    assert fsdp.fsdp_config["fsdp_version"] == 2 and fsdp.fsdp_config["fsdp_state_dict_type"] == "FULL_STATE_DICT"
+    assert fsdp.fsdp_config["fsdp_cpu_ram_efficient_loading"] is True
+    # the environment accelerate's launcher writes from it is one where load_base reads on the main process only
+    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+    from accelerate.utils.launch import prepare_multi_gpu_env
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    args = launch_command_parser().parse_args(["--config_file", str(folder / "8gpu-fsdp.yaml"), "--num_processes",
+                                               "2", "train.py"])
+    for key, value in prepare_multi_gpu_env(_validate_launch_command(args)[0]).items():
+        monkeypatch.setenv(key, value)
+    assert rank0_loading()
+    monkeypatch.setenv("FSDP_VERSION", "1")
+    assert not rank0_loading()
+    assert configs["8gpu-ddp.yaml"].distributed_type == "MULTI_GPU" and configs["1gpu.yaml"].num_processes == 1

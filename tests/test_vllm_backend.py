@@ -206,3 +206,83 @@ def test_a_process_without_trls_client_opens_its_own_for_requests(policy, monkey
     out = llm.generate_batch([(Message("user", "Question: capital of France?"),)],
                              [Decoding(max_tokens=64, stop=("</search>",), temperature=1.0, seed=1)])[0]
     assert out.stop == "</search>"
+
+
+# ------------------------------------------------------------------------------------ edge cases
+def test_a_request_vllm_would_refuse_is_refused_here_in_one_line():
+    from metarag.errors import BackendError, ConfigError
+
+    with pytest.raises(BackendError, match="token budget of at least 1, not 0") as caught:
+        sampling_request(Decoding(max_tokens=0), budget=0)  # vLLM: "max_tokens must be at least 1, got 0."
+    assert "\n" not in str(caught.value)
+    with pytest.raises(ConfigError, match="temperatures up to 2, not 2.5"):
+        sampling_request(Decoding(temperature=2.5), budget=8)
+    # an empty stop string (vLLM: "stop cannot contain an empty string") is left out: the stop rule ignores it
+    assert sampling_request(Decoding(stop=("", "</search>")), budget=8)["stop"] == ["</search>"]
+
+
+def test_a_request_with_no_room_left_ends_without_reaching_vllm(policy):
+    """A budget of 0 (0 tokens asked, or a prompt one token short of the context) is answered here,
+    as the transformers back-end answers it: no tokens, finish "length"; vLLM gets only the others,
+    each with a budget of at least 1."""
+    fake = FakeVLLM(policy.tokenizer)
+    llm = VLLMRollouts(ColocatedEngine(fake, SamplingParams), policy, "tiny:step0")
+    prompt = (Message("user", "Question: capital of France?"),)
+    ids = tuple(policy.tokenize(policy.render(prompt)))
+    full = TokenIds(tuple(ids) + (ids[-1],) * (policy.settings.n_ctx - 1 - len(ids)))  # fills the context
+    outs = llm.generate_batch([prompt, prompt, full], [Decoding(max_tokens=0), Decoding(max_tokens=5, seed=1),
+                                                       Decoding(max_tokens=5, seed=2)])
+    assert [o.finish_reason for o in outs[::2]] == ["length", "length"] and [o.text for o in outs[::2]] == ["", ""]
+    assert [o.usage.completion_tokens for o in outs] == [0, 5, 0]
+    [(sent, params)] = fake.calls
+    assert len(sent) == 1 and [p.max_tokens for p in params] == [5]
+    assert llm.generate_batch([prompt], [Decoding(max_tokens=0)])[0].text == "" and len(fake.calls) == 1
+
+
+def test_a_server_that_returns_other_log_probs_is_refused():
+    from types import SimpleNamespace
+
+    from metarag.errors import ConfigError
+    from metarag.llm.vllm import check_server_logprobs
+    from metarag.train.agent import _check_vllm_server
+
+    check_server_logprobs({"model_config": {"logprobs_mode": "processed_logprobs"}})
+    for mode in ("raw_logprobs", "raw_logits", None):
+        with pytest.raises(ConfigError, match="--logprobs-mode processed_logprobs") as caught:
+            check_server_logprobs({"model_config": {"logprobs_mode": mode}}, "http://h:8000")
+        assert "\n" not in str(caught.value) and "http://h:8000" in str(caught.value)
+
+    def trainer(info):
+        client = SimpleNamespace(get_server_info=info)
+        return SimpleNamespace(accelerator=SimpleNamespace(is_main_process=True),
+                               vllm_generation=SimpleNamespace(vllm_client=client))
+
+    with pytest.raises(ConfigError, match="runs with --logprobs-mode raw_logprobs"):
+        _check_vllm_server(trainer(lambda: {"model_config": {"logprobs_mode": "raw_logprobs"}}), "u", 1)
+
+    def unreachable():
+        raise RuntimeError("Connection refused\nat ...")
+
+    with pytest.raises(ConfigError, match="cannot read the vLLM server's configuration at u: Connection refused$"):
+        _check_vllm_server(trainer(unreachable), "u", 1)
+    _check_vllm_server(trainer(lambda: {"model_config": {"logprobs_mode": "processed_logprobs"}}), "u", 1)
+
+
+def test_colocated_vllm_is_refused_a_policy_without_a_safetensors_folder(tmp_path, capsys):
+    from metarag.cli import main
+    from metarag.errors import ConfigError
+    from metarag.llm.vllm import check_colocated_model
+
+    (tmp_path / "gguf").mkdir()
+    (tmp_path / "gguf" / "model.gguf").write_bytes(b"GGUF")
+    for path in (tmp_path / "gguf", tmp_path / "gguf" / "model.gguf", None):
+        with pytest.raises(ConfigError, match="vllm=colocate loads the policy into vLLM from a model folder"):
+            check_colocated_model(None if path is None else str(path))
+    (tmp_path / "folder").mkdir()
+    for name in ("config.json", "model.safetensors"):
+        (tmp_path / "folder" / name).write_text("{}")
+    check_colocated_model(str(tmp_path / "folder"))
+    # the command refuses before loading anything: the default --llm is the 0.5B GGUF
+    assert main(["train-agent", "--out", str(tmp_path / "out"), "--dataset", "demo", "--set", "vllm=colocate"]) == 1
+    err = capsys.readouterr().err
+    assert "--llm hf-0.5b is none (a GGUF read by transformers?)" in err and err.count("\n") == 1

@@ -522,6 +522,8 @@ def add_llm_args(p: argparse.ArgumentParser) -> None:
 
 
 def add_eval_args(p: argparse.ArgumentParser) -> None:
+    from metarag.judges.correctness import PROMPTS
+
     p.add_argument("--method", required=True, help="method to evaluate")
     p.add_argument("--dataset", default=None, metavar="PRESET",
                    help="a named dataset (hotpotqa-dev500, 2wiki-dev1000, musique-train100, bamboogle, "
@@ -576,10 +578,11 @@ def add_eval_args(p: argparse.ArgumentParser) -> None:
                         "spec (openai:MODEL@URL ...); verdicts kept in the run folder (answer-judge-<id>.jsonl, "
                         "with the judge and its prompt), resumed on a re-run; report shows the judged accuracy and "
                         "its agreement with EM and Acc")
-    p.add_argument("--judge-prompt", default=None, choices=("agentic-rag", "equivalence"),
+    p.add_argument("--judge-prompt", default=None, choices=tuple(PROMPTS),
                    help="the judge's prompt: equivalence (gold answers and prediction: the default, the one the "
-                        "embedded judge can give) or agentic-rag (the question too, as R1-Searcher and Search-o1 "
-                        "judge; for a judge model that can read it)")
+                        "embedded judge can give), r1-searcher (question, golden answer, prediction -> True / "
+                        "False: R1-Searcher's judge) or agentic-rag (ours, with the question); the last two for a "
+                        "judge model that can read the question")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     add_llm_args(p)
 
@@ -633,7 +636,7 @@ def eval_config_from_args(args: argparse.Namespace):
                       workers=args.workers, runs_dir=str(runs_dir),
                       retry_failed=args.retry_failed, max_consecutive_failures=args.max_consecutive_failures,
                       wait=args.wait, batch=args.batch,
-                      shard=Shard.parse(args.shard) if getattr(args, "shard", None) else None,
+                      shard=Shard.parse(args.shard) if getattr(args, "shard", None) is not None else None,
                       samples=samples_from_args(args), judge_llm=args.judge_llm,
                       answer_judge=answer_judge_from_args(args))
 
@@ -674,11 +677,14 @@ def cmd_eval(args: argparse.Namespace) -> int:
         print()
         print(format_answer_judges([run]))
     print(f"run folder: {store.path}")
-    failures = failure_summary(results)
-    if failures:
-        print(f"metarag: error: {failures}", file=sys.stderr)
-        return 1
-    return 0
+    failures = [failure_summary(results)]
+    if args.judge_llm is not None:
+        from metarag.evaluate.harness import judge_failure_summary
+
+        failures.append(judge_failure_summary(store.path))
+    for failure in filter(None, failures):
+        print(f"metarag: error: {failure}", file=sys.stderr)
+    return 1 if any(failures) else 0
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:

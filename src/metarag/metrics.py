@@ -133,6 +133,45 @@ def accuracy(prediction: str, golds: Sequence[str]) -> float:
     return float(any(g and f" {g} " in padded for g in norm_golds))
 
 
+# ------------------------------------------------------------- the agentic papers' own accuracies
+# R1-Searcher's normalization (`evaluation/metric_calc_rule.py`): punctuation, typographic quotes too,
+# becomes a space rather than nothing, and underscores are spaces.
+_R1_PUNCTUATION = re.compile("[" + re.escape(string.punctuation + "‘’´`") + "]")
+
+
+def r1_normalize(text: str) -> str:
+    """An answer as R1-Searcher's scripts normalize it (`normalize_answer` after `bool_mapping`,
+    `evaluation/metric_calc_rule.py` lines 15-41): "True" / "False" read as yes / no, underscores and
+    punctuation made spaces, lowercased, articles dropped, whitespace collapsed."""
+    text = {"True": "yes", "False": "no"}.get(text, text).replace("_", " ").lower()
+    return " ".join(_ARTICLES.sub(" ", _R1_PUNCTUATION.sub(" ", text)).split())
+
+
+def r1_searcher_accuracy(prediction: str, golds: Sequence[str]) -> float:
+    """R1-Searcher's ACC_R (Song et al., 2025; "Cover-Exect-Match" in its README): 1.0 when every token
+    of a gold answer occurs among the prediction's tokens, in any order and not necessarily together,
+    the best over the gold aliases (`cover_exact_match_score_1`, `evaluation/metric_calc_rule.py`
+    lines 79-88, whose count `acc_num` is its accuracy); tokens of `r1_normalize`d text split on
+    single spaces, so an empty prediction holds only the empty token and matches only a gold that
+    normalizes to nothing, as theirs. "Paris, France" has the gold "France Paris"; "1" is not in "1990"."""
+    _normalized_golds(golds)  # the input checks; R1-Searcher normalizes its own way
+    tokens = r1_normalize(prediction).split(" ")
+    return float(any(all(t in tokens for t in r1_normalize(g).split(" ")) for g in golds))
+
+
+def search_o1_accuracy(prediction: str, golds: Sequence[str]) -> float:
+    """Search-o1's accuracy on open-domain QA ("acc" of `evaluate_predictions`, `scripts/evaluate.py`
+    lines 70-87, "qa" mode): 1.0 when a normalized gold answer (SQuAD's normalization) is a substring
+    of the normalized prediction, characters not tokens, so "new york" is found in "new yorker"; the
+    best over the gold aliases, a gold counting only when it shares a token with the prediction (their
+    loop skips a gold with no common token before it updates the accuracy), so "paris" is not found
+    in "parisian", nor an empty gold anywhere."""
+    norm_pred = normalize_answer(prediction)
+    pred_tokens = Counter(norm_pred.split())
+    return float(any(g in norm_pred and sum((pred_tokens & Counter(g.split())).values()) > 0
+                     for g in _normalized_golds(golds)))
+
+
 def score_answer(prediction: str, golds: Sequence[str]) -> AnswerScores:
     """All answer metrics of one prediction at once (see each metric's function for its rules)."""
     f1, precision, recall = _best_token_scores(prediction, golds)

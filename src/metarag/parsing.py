@@ -21,11 +21,14 @@ from collections.abc import Collection
 MARKUP = "\"'`*_“”‘’«»<>"
 _TRAILING = MARKUP + "."
 # A leading answer label, markup and colons around it, repeated ("A: Answer: Paris", "**Answer:** x",
-# "So the final answer is: x"), matched in one pass so an adversarial prefix costs linear time.
+# "So the final answer is: x"), matched in one pass so an adversarial prefix costs linear time. A label
+# may stand behind any punctuation ("- Answer: x", "### Answer -: x") and hold any between its word and its
+# colon, as an "Answer:" line reads (`_ANSWER_LINE`): so what a reader returns, read again, stays as it is.
 _LEADING = re.compile(
     r"(?:[\s\"'`*_“”‘’«»<>:]"
-    r"|(?:so[^\S\n]+)?(?:the[^\S\n]+)?(?:(?:final|short|intermediate)[^\S\n]+)?answer(?:[^\S\n]+is)?[\s*_]*:"
-    r"|a[^\S\n]*:)*",
+    r"|(?:[^\w\n]|_)*(?:so[^\S\n]+)?(?:the[^\S\n]+)?(?:(?:final|short|intermediate)[^\S\n]+)?answer"
+    r"(?:[^\S\n]+is)?(?:[^\w]|_)*:"
+    r"|(?:[^\w\n]|_)*a[^\S\n]*:)*",
     re.IGNORECASE)
 
 # The placeholders the prompts' answer formats show (`<short answer>`, "(a name, a date, a number, a
@@ -164,8 +167,11 @@ def marked_answer(text: str) -> str | None:
         answer, line, label = explicit
         end = lines.line_end(line)
         later = [m for m in markers if label.start() < m.start() and m.end() <= end]
-        found = _last_marked(lines, later)
-        return found[0] if found is not None and found[1] <= line else answer
+        for marker in reversed(later[-_MAX_MARKERS_TRIED:]):  # the last later marker with its answer on this line
+            found = _marker_answer(lines, marker.end())
+            if found is not None and found[1] <= line:
+                return found[0]
+        return answer
     found = _last_marked(lines, markers)
     return found[0] if found is not None else None
 

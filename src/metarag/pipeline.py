@@ -84,6 +84,9 @@ def answer_question(text: str, method: Method, *, corpus: str | Path | None = No
     if method.name not in CLOSED_BOOK:
         found = open_retriever(load_passages(corpus), retriever, index_dir)
     llm = llm if llm is not None else make_llm(llm_spec)
+    check = getattr(llm, "check", None)
+    if check is not None:  # a served model down or hung fails in seconds, as before an eval's first question
+        check()
     runtime = Runtime(llm=llm, retriever=found, reranker=build_reranker(reranker), rerank_depth=rerank_depth)
     return run(method, Question(id="ask", text=text.strip()), runtime, on_step=on_step)
 

@@ -186,6 +186,26 @@ def detect_format(file: QuestionFile) -> str:
     return admitted[0]
 
 
+def check_format(file: QuestionFile, format: str) -> None:
+    """Refuse a format named for a file (`--format`) that the file's content contradicts: no record's keys
+    admit it and some read as another format (a 2Wiki file named hotpotqa). A file whose keys tell no
+    format, or that mixes formats with the named one among them, is read as named."""
+    other: tuple[Record, tuple[str, ...]] | None = None
+    for record in file.records:
+        try:
+            formats = _record_formats(record, file.container)
+        except DataError:  # keys that tell no format: naming one is how such a file is read
+            continue
+        if format in formats:
+            return
+        other = other or (record, formats)
+    if other is not None:
+        record, formats = other
+        raise record.error(f"the format {format!r} contradicts the file's content: its records read as "
+                           f"{' or '.join(formats)} by their keys ({', '.join(sorted(record.data)[:8])}); leave the "
+                           f"format out to read it as {formats[0]}")
+
+
 def _record_formats(record: Record, container: str | None) -> tuple[str, ...]:
     """The formats one record's keys admit, most likely first."""
     keys = set(record.data)
@@ -496,6 +516,7 @@ def parse_questions(file: QuestionFile, format: str, *, ground_truth: str | Path
     and gold answers: a question without any is refused, naming its record, unless
     `allow_unanswerable`, which scores it against `UNANSWERABLE` (its `type` becomes "unanswerable"
     when it has none)."""
+    check_format(file, format)
     parse = FORMATS[format]
     parsed = parse_multihop_rag(file, ground_truth) if parse is parse_multihop_rag else parse(file)
     if not any(item.question.answers for item in parsed):  # most likely read in the wrong format

@@ -15,12 +15,14 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from metarag.errors import ConfigError, DataError
+from metarag.evaluate.cost import model_name
 from metarag.evaluate.runs import QuestionResult
 from metarag.evaluate.stats import cohen_kappa
 from metarag.judges.correctness import (
@@ -35,6 +37,8 @@ from metarag.records import Judge, Question, Trace, from_plain, to_plain
 from metarag.settings import settings_hash
 
 PREFIX = "answer-judge-"
+SELF_MARK = " (self)"  # after a judge that is the judged run's own model
+_RUN_OPTIONS = re.compile(r":prefix_chunk=\d+")
 JUDGE_WINDOW = 32  # answers judged in lockstep: one batch of at most this many prompts for the judge model
 
 
@@ -150,7 +154,8 @@ class JudgeSummary:
     and no verdict count as not correct: the denominator never shrinks). Agreement with EM and with
     cover-EM (`Acc`) is over the `judged` answers, those the judge was asked about and gave a verdict
     on: the share of equal calls and Cohen's kappa (NaN when undefined, one call throughout on both
-    sides). `em_table`: (judge right & EM 1, judge right & EM 0, judge wrong & EM 1, judge wrong & EM 0)."""
+    sides). `em_table`: (judge right & EM 1, judge right & EM 0, judge wrong & EM 1, judge wrong & EM 0).
+    `judge_identity`: the judge model's identity (its weights), None before it judged anything."""
 
     judge_model: str
     prompt: str
@@ -164,10 +169,22 @@ class JudgeSummary:
     kappa_em: float
     kappa_acc: float
     em_table: tuple[int, int, int, int]
+    judge_identity: str | None = None
+
+    def judges_itself(self, run_identity: str | None) -> bool:
+        """Whether this judge is the model whose answers it judges: the same identity as the run's once
+        the options that leave the weights alone are dropped (llama.cpp's `prefix_chunk`)."""
+        return bool(self.judge_identity and run_identity) and weights(self.judge_identity) == weights(run_identity)
 
     @property
     def accuracy(self) -> float:
         return self.correct / self.n if self.n else math.nan
+
+
+def weights(identity: str) -> str:
+    """A model identity without the run options that leave its weights alone (llama.cpp's
+    ":prefix_chunk=N", which only changes how the prompt's states are reused)."""
+    return _RUN_OPTIONS.sub("", identity)
 
 
 def summarize_judge(path: Path, results: Sequence[QuestionResult]) -> JudgeSummary:
@@ -187,7 +204,7 @@ def summarize_judge(path: Path, results: Sequence[QuestionResult]) -> JudgeSumma
         n=len(results), correct=sum(c is True for c in calls), judged=len(asked),
         unjudged=sum(c is None for c in calls), no_answer=sum(r.failed or not r.prediction.strip() for r in results),
         agree_em=agree(em), agree_acc=agree(acc), kappa_em=cohen_kappa(judge, em), kappa_acc=cohen_kappa(judge, acc),
-        em_table=tuple(int(x) for x in table))
+        em_table=tuple(int(x) for x in table), judge_identity=saved.get("model_identity"))
 
 
 def unjudged_reasons(path: Path, results: Sequence[QuestionResult]) -> dict[str, int]:
@@ -213,15 +230,22 @@ def judge_steps(verdict: JudgedAnswer) -> list[Judge]:
 
 
 def format_answer_judges(runs: Sequence[Any]) -> str:
-    """Each run's answer judges (every verdict file in its folder): judged accuracy, agreement and
-    Cohen's kappa with EM and cover-EM, and the judge-versus-EM counts; '' when no run has one."""
+    """Each run's answer judges (every verdict file in its folder): which model judged (SELF_MARK where it
+    is the run's own model, judging its own answers), judged accuracy, agreement and Cohen's kappa with
+    EM and cover-EM, and the judge-versus-EM counts; '' when no run has one."""
     lines = []
+    own = False
     for run in runs:
         for path in judge_files(run.path):
             s = summarize_judge(path, run.results)
             why = unjudged_reasons(path, run.results)
             missing = ", ".join(f"{v} {k}" for k, v in why.items() if v)
-            lines.append(f"| {run.name} | {s.judge_model} | {s.prompt} | {_pct(s.accuracy)} | {s.judged} "
+            itself = s.judges_itself(run.manifest.get("model_identity"))
+            own |= itself
+            named = (f"{s.judge_model}: {model_name(s.judge_identity)}"  # a spec ("embedded"): the model behind it
+                     if s.judge_identity and s.judge_identity != s.judge_model else s.judge_model)
+            lines.append(f"| {run.name} | {named}{SELF_MARK if itself else ''} | {s.prompt} "
+                         f"| {_pct(s.accuracy)} | {s.judged} "
                          f"| {s.unjudged}{' (' + missing + ')' if missing else ''} | {s.no_answer} "
                          f"| {_pct(s.agree_em)} | {_num(s.kappa_em)} | {_pct(s.agree_acc)} | {_num(s.kappa_acc)} "
                          f"| {' / '.join(map(str, s.em_table))} |")
@@ -232,7 +256,9 @@ def format_answer_judges(runs: Sequence[Any]) -> str:
                       "| agree Acc | κ Acc | judge+EM+ / judge+EM− / judge−EM+ / judge−EM− |",
                       "|---|---|---|---|---|---|---|---|---|---|---|---|", *lines, "",
                       "judged acc: share of all answers the judge called correct (no answer and no verdict count "
-                      "as not correct); agreement and Cohen's κ with EM and cover-EM (Acc) over the judged answers."])
+                      "as not correct); agreement and Cohen's κ with EM and cover-EM (Acc) over the judged answers."
+                      + (f" {SELF_MARK.strip()}: the judge is the run's own model (the same identity), judging its own "
+                         "answers." if own else "")])
 
 
 def _pct(value: float) -> str:

@@ -4,13 +4,16 @@ The harness drives the one runner loop (`methods.runner.run`) question by questi
 scoring, the run folder, resumption and concurrency, nothing method-specific. Re-running the same
 command finds the same run folder (its id hashes the resolved settings) and skips what is done: a
 question is done when it has a result that is not a retryable failure. Before the first question
-the back-ends that can be down are checked; a run of consecutive retryable failures stops the run.
+the back-ends that can be down are checked (the judge's too); a run of consecutive retryable failures
+stops the run. A run folder takes one model: one whose manifest names another is refused, not resumed.
 """
 from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import glob
 import hashlib
+import json
 import logging
 import os
 import queue
@@ -19,7 +22,7 @@ import sys
 import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +30,7 @@ from metarag import __version__
 from metarag.errors import BackendError, ConfigError, DataError
 from metarag.evaluate.runs import QuestionResult, RunStore, Shard, describe_holder
 from metarag.judges.correctness import AnswerJudge
-from metarag.llm.registry import LLMSpec, check_spec, make_llm
+from metarag.llm.registry import BACKENDS, LLMSpec, check_spec, expected_identity, make_llm, parse_llm_spec
 from metarag.methods.registry import CLOSED_BOOK, build_method, component_revisions, method_revision, method_settings
 from metarag.methods.runner import Method, Runtime, Sampling, check_needs, run, run_many
 from metarag.metrics import AnswerScores, score_answer, support_recall
@@ -58,6 +61,11 @@ class DatasetSpec:
         return self.preset or Path(self.file or "dataset").stem
 
 
+# The most answers per question a sampled run takes: pass@k is reported up to k = 1,024 (Chen et al., 2021,
+# §2.1, k = 100; Brown et al., 2024, up to 10,000 on small sets), and the run's to-do list is questions x k.
+MAX_SAMPLES = 1024
+
+
 @dataclass(frozen=True)
 class Samples:
     """k sampled answers per question (`eval --samples k`), scored as avg@k and pass@k. k = 1: one greedy
@@ -71,6 +79,8 @@ class Samples:
     top_p: float = setting(0.95, gt=0, le=1)
 
     def __post_init__(self) -> None:
+        if isinstance(self.k, int) and self.k > MAX_SAMPLES:  # before anything is sized by k
+            raise ConfigError(f"--samples {self.k}: at most {MAX_SAMPLES} answers per question")
         check_ranges(self)
 
     def sampling(self) -> Sampling | None:
@@ -181,8 +191,6 @@ def prepare(config: EvalConfig):
         raise ConfigError("--max-consecutive-failures must be 0 (never stop) or more")
     check_spec(config.llm)
     if config.judge_llm is not None:
-        from metarag.llm.registry import parse_llm_spec
-
         parse_llm_spec(config.judge_llm)  # an unknown judge model fails here, before any question
         if config.shard is not None:
             raise ConfigError("--judge-llm judges a whole run, not one shard: judge a sharded run once its shards "
@@ -192,6 +200,9 @@ def prepare(config: EvalConfig):
     check_reranker(config.reranker)
     settings = method_settings(config.method, config.overrides)
     dataset = load_questions(config.dataset)
+    if config.shard is not None and config.shard.count > len(dataset.questions):
+        raise ConfigError(f"--shard {config.shard.label}: {len(dataset.questions)} questions cannot be split "
+                          f"{config.shard.count} ways; give N at most {len(dataset.questions)}")
     needs_corpus = config.method not in CLOSED_BOOK
     if needs_corpus and not dataset.passages:
         raise ConfigError(f"{dataset.name} has no passages to retrieve from: give --corpus PATH")
@@ -234,9 +245,40 @@ def prepare(config: EvalConfig):
                                   "reranker": config.reranker if needs_corpus else ""})
     if artifacts:
         resolved["artifacts"] = artifacts
-    run_id = f"{config.method}-{config.dataset.label()}-{config.llm.backend}-{settings_hash(resolved)}"
-    store = RunStore(Path(config.runs_dir) / run_id, config.shard)
+    prefix = f"{config.method}-{config.dataset.label()}-{config.llm.backend}-"
+    digest = settings_hash(_hashed(resolved))
+    folder = Path(config.runs_dir) / f"{prefix}{digest}"
+    if resolved["dataset"].get("corpus") and not folder.exists():
+        folder = _path_hashed_run(Path(config.runs_dir), prefix, digest) or folder
+    store = RunStore(folder, config.shard)
     return store, build_method(config.method, config.overrides), dataset, resolved
+
+
+def _hashed(resolved: Mapping[str, Any]) -> Mapping[str, Any]:
+    """What of a run's resolved settings its id hashes: all of it, but a corpus given by path (--corpus)
+    by its content alone where the run retrieves from it (`corpus_fingerprint`), so a moved data folder
+    keeps its runs and a changed file under the same path gets a new id; settings.json keeps the path,
+    for the reader. A closed-book run, which has no fingerprint, still hashes the path (its id stays)."""
+    dataset = resolved.get("dataset")
+    if resolved.get("corpus_fingerprint") is None or not isinstance(dataset, Mapping) or not dataset.get("corpus"):
+        return resolved
+    return {**resolved, "dataset": {k: v for k, v in dataset.items() if k != "corpus"}}
+
+
+def _path_hashed_run(runs_dir: Path, prefix: str, digest: str) -> Path | None:
+    """A run folder named before run ids left a corpus's path out (its id hashed the path it was given,
+    wherever the data folder lay then), found by its saved settings: those hash without the path to
+    `digest`. So every such run (the kept wiki-corpus runs of docs/table-runs/agent-table among them)
+    resumes in its own folder, whatever the data folder's place now; None when there is none."""
+    for folder in sorted(runs_dir.glob(glob.escape(prefix) + "*")) if runs_dir.is_dir() else ():
+        try:
+            saved = json.loads((folder / "settings.json").read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(saved, dict) and isinstance(saved.get("dataset"), dict) and saved["dataset"].get("corpus") \
+                and settings_hash(_hashed(saved)) == digest:
+            return folder
+    return None
 
 
 def _ids_sha256(questions) -> str:
@@ -275,6 +317,11 @@ def evaluate(config: EvalConfig, *, progress: bool = True, llm=None, retriever=N
     if len(set(ids)) != len(ids):
         raise DataError("question ids are not unique", path=dataset.path)
 
+    if judge_llm is not None:  # the judge is asked after the questions: a dead one fails now, not then
+        check_backend(judge_llm, "judge LLM")
+    elif config.judge_llm is not None:
+        check_served(config.judge_llm, "judge LLM")
+
     def waiting(holder) -> None:
         log.info(f"waiting for {describe_holder(holder)} to finish with {store.path}")
 
@@ -295,6 +342,10 @@ def evaluate(config: EvalConfig, *, progress: bool = True, llm=None, retriever=N
         done = {key: r for key, r in latest.items() if key not in retry}
         mine = config.shard.take(dataset.questions) if config.shard else dataset.questions
         todo = [(q, i) for q in mine for i in range(k) if (q.id, i) not in done]
+        if llm is not None:  # a model passed in: it answers whatever is left, or the run is read as its own
+            check_model_identity(store, llm.identity)
+        elif not todo:  # nothing to run: the model the spec builds, where that is known without loading it
+            check_model_identity(store, expected_identity(config.llm))
         if todo:
             _session(config, store, method, dataset, resolved, todo, done, len(retry), holder,
                      progress, llm, retriever, on_result)
@@ -319,6 +370,7 @@ def _session(config: EvalConfig, store: RunStore, method: Method, dataset, resol
     """Build what is not given, check the back-ends, run `todo` (questions with the sample each answer
     is), and record the session in the manifest."""
     llm = llm if llm is not None else make_llm(config.llm)
+    check_model_identity(store, llm.identity)
     check_backend(llm, "LLM")
     check_needs(method, llm)
     reranker = None
@@ -328,6 +380,7 @@ def _session(config: EvalConfig, store: RunStore, method: Method, dataset, resol
         retriever = open_retriever(list(dataset.passages), config.retriever)
     if config.method not in CLOSED_BOOK:
         check_backend(retriever, "retriever")
+        check_corpus(retriever, resolved["corpus_fingerprint"], dataset)
         from metarag.rerank.registry import build_reranker
 
         reranker = build_reranker(config.reranker)
@@ -351,7 +404,8 @@ def _session(config: EvalConfig, store: RunStore, method: Method, dataset, resol
         session["shard"] = store.shard.label
     place = _save_session(store, resolved, manifest, session)
     runtime = Runtime(llm, retriever, reranker=reranker, rerank_depth=config.rerank_depth,
-                      workers=config.workers if config.batch > 1 else 1, sampling=config.samples.sampling())
+                      workers=config.workers if config.batch > 1 else 1, sampling=config.samples.sampling(),
+                      seed=config.dataset.seed)
     seeds = ([sample_seed(config.dataset.seed, q.id, i) for q, i in todo] if runtime.sampling is not None
              else None)
     named = getattr(method, "named_models", None)  # models a method's settings name (EvoCtx's decision_llm)
@@ -380,6 +434,62 @@ def check_backend(backend, what: str, when: str = "before the first question") -
         check()
     except BackendError as exc:
         raise BackendError(f"{what} health check failed {when}: {exc}", retryable=exc.retryable) from None
+
+
+def check_served(spec: str | LLMSpec, what: str) -> None:
+    """`check_backend` for the model a spec names, where building it loads nothing (a served model: an
+    OpenAI-compatible server's client); a local model has nothing to ask."""
+    parsed = parse_llm_spec(spec) if isinstance(spec, str) else spec
+    if BACKENDS[parsed.backend].served:
+        check_backend(make_llm(replace(parsed, response_cache=False)), what)
+
+
+def check_model_identity(store: RunStore, identity: str | None) -> None:
+    """Refuse, naming both, to add to or read as its own a run folder answered by another model than
+    `identity` (the one answering now; None: not known, nothing checked): a run folder takes one model,
+    so a scripted fake passed in never resumes as the embedded model, nor the other way round."""
+    if identity is None or not store.manifest_path.exists():
+        return
+    recorded = store.read_json("manifest.json").get("model_identity")
+    if recorded and recorded != identity:
+        raise ConfigError(f"run folder {store.path} holds the answers of {recorded}, not of {identity} (the model "
+                          "answering now): a run folder takes one model; give another runs folder, or remove "
+                          "this one to run it anew")
+
+
+def check_corpus(retriever, fingerprint: str | None, dataset) -> None:
+    """Refuse a retriever that says it searches another corpus than the dataset's (a retrieval service
+    reports its corpus's fingerprint in /health); one that does not say is noted and used."""
+    served = getattr(retriever, "corpus_fingerprint", None)
+    if served is None or fingerprint is None:
+        return
+    where = getattr(retriever, "url", getattr(retriever, "name", "the retriever"))
+    theirs = served()
+    if theirs is None:
+        log.warning(f"the retrieval service at {where} does not say which corpus it serves (a service of an older "
+                    f"metarag): its passages are taken to be {dataset.name}'s")
+    elif theirs != fingerprint:
+        raise ConfigError(f"the retrieval service at {where} serves another corpus (fingerprint {theirs[:12]}) than "
+                          f"{dataset.name}'s ({len(dataset.passages)} passages, fingerprint {fingerprint[:12]}): serve "
+                          "the dataset's corpus, or give --corpus the file the service was built from")
+
+
+def judge_failure_summary(run_path: str | Path) -> str | None:
+    """One line saying how many of the run's answers the newest answer judge's requests failed on, with the
+    first error; None when none did (or the run has no judge)."""
+    from metarag.evaluate.answer_judge import judge_files, load_verdicts
+
+    files = judge_files(run_path)
+    if not files:
+        return None
+    answers = {key: r.prediction for key, r in RunStore(run_path).load_samples().items()}
+    latest = {(v.question_id, v.sample): v for v in load_verdicts(files[-1])}
+    failed = [v for key, v in latest.items() if v.trace.error is not None and answers.get(key) == v.prediction]
+    if not failed:
+        return None
+    return (f"{len(failed)} answer-judge request(s) failed, so those answers have no verdict (judge acc counts "
+            f"them as not correct): re-run the same command to ask again; first: {failed[0].question_id}: "
+            f"{failed[0].trace.error}")
 
 
 def failure_summary(results: list[QuestionResult]) -> str | None:
@@ -444,7 +554,8 @@ def _run_questions(method: Method, todo: list[tuple[Question, int]], runtime: Ru
                 for spec, model in list(runtime.models.items()):
                     check_backend(model, f"model {spec}", f"after {last.question_id} failed")
             except BackendError as exc:
-                stopped.append(f"stopped: {exc} (its error: {last.error})")
+                own = (last.error or "").split(": ", 1)[-1]  # said already where the check repeats it
+                stopped.append(f"stopped: {exc}" + ("" if own and own in str(exc) else f" (its error: {last.error})"))
         if not stopped and 0 < max_consecutive_failures <= len(streak):
             last = streak[-1]
             stopped.append(f"stopped after {len(streak)} consecutive questions failed with retryable errors, the "

@@ -29,7 +29,7 @@ from metarag.evaluate.stats import (
     significance_mark,
     wilson_interval,
 )
-from metarag.metrics import normalize_answer
+from metarag.metrics import normalize_answer, r1_searcher_accuracy, search_o1_accuracy
 from metarag.records import Decide, Judge, Rerank, to_plain
 
 # "auto": the test that fits the score, exact McNemar on 0/1 scores (EM, cover-EM), a paired permutation
@@ -123,6 +123,8 @@ def summarize(run: LoadedRun, prices: dict[str, Price] | None = None) -> dict:
         "Prec": 100 * mean([r.scores.precision for r in results]),
         "Rec": 100 * mean([r.scores.recall for r in results]),
         "cover-EM": 100 * mean([r.scores.acc for r in results]),
+        # the agentic papers' own accuracies, from each stored prediction and its golds (`--columns`)
+        **{column: 100 * mean(scores) for column, scores in paper_accuracies(results).items()},
         "words/answer": mean(words),
         "yes/no": 100 * mean(yes_no),
         "req/q": requests / n,
@@ -175,12 +177,26 @@ def intervals(results: Sequence[QuestionResult], served: Sequence) -> dict:
     for column, field_name in (("EM", "em"), ("cover-EM", "acc")):
         put(column, wilson_interval(int(round(sum(getattr(r.scores, field_name) for r in results))), n), 100)
     put("yes/no", wilson_interval(sum(normalize_answer(r.prediction) in ("yes", "no") for r in results), n), 100)
+    for column, scores in paper_accuracies(results).items():
+        put(column, wilson_interval(int(sum(scores)), n), 100)
     for column, field_name in (("F1", "f1"), ("Prec", "precision"), ("Rec", "recall")):
         put(column, mean_interval([getattr(r.scores, field_name) for r in results]), 100)
     put("words/answer", mean_interval([len(r.prediction.split()) for r in results]))
     put("served tok/q", mean_interval([float(u.total_tokens) for u in served]))
     put("served lat/q", mean_interval([u.latency_s for u in served]))
     return out
+
+
+# The accuracy each agentic paper reports where it is not cover-EM, by the paper's name (`report --columns`):
+# R1-Searcher's ACC_R (every gold token among the answer's), Search-o1's (the gold a substring of the answer).
+PAPER_ACCURACIES = {"Acc (R1-Searcher)": r1_searcher_accuracy, "Acc (Search-o1)": search_o1_accuracy}
+
+
+def paper_accuracies(results: Sequence[QuestionResult]) -> dict[str, list[float]]:
+    """Each question's score by each paper's accuracy (`PAPER_ACCURACIES`), computed from the stored
+    prediction and golds, so a run written before the metric existed reads too; a failed question 0."""
+    return {column: [0.0 if r.failed or not r.golds else metric(r.prediction, r.golds) for r in results]
+            for column, metric in PAPER_ACCURACIES.items()}
 
 
 # Shown after the default columns when a run has them: the LLM judge's accuracy and its agreement with
@@ -193,18 +209,20 @@ def judged_columns(run: LoadedRun) -> dict:
     """The newest answer judge's accuracy (percent of every question's answer), its agreement with EM and
     cover-EM (percent) and Cohen's kappa, over the run's answers (sample 0's of a sampled run); {} when
     no judge has judged the run. `report` prints every judge of a run below the table."""
-    from metarag.evaluate.answer_judge import judge_files, summarize_judge
+    from metarag.evaluate.answer_judge import judge_files, summarize_judge, unjudged_reasons
 
     files = judge_files(run.path)
     if not files:
         return {}
     s = summarize_judge(files[-1], run.results)
+    failed = unjudged_reasons(files[-1], run.results)["failed request"]  # marked on the row: see report_table
 
     def known(value: float, scale: float = 1.0) -> float | None:  # NaN (nothing judged, kappa undefined): "–"
         return None if math.isnan(value) else scale * value
 
     return {"judge": s.judge_model, "judge acc": known(s.accuracy, 100), "judge~EM": known(s.agree_em, 100),
-            "kappa EM": known(s.kappa_em), "judge~Acc": known(s.agree_acc, 100), "kappa Acc": known(s.kappa_acc)}
+            "kappa EM": known(s.kappa_em), "judge~Acc": known(s.agree_acc, 100), "kappa Acc": known(s.kappa_acc),
+            "judge failed": failed}
 
 
 def sample_columns(run: LoadedRun) -> dict:
@@ -243,7 +261,8 @@ def method_label(settings: dict) -> str | None:
     """A run's method as its report row names it: "(oracle feedback)" after a method whose settings
     give it the gold answers (Reflexion's evaluator=gold), so no table passes it off as a fair row;
     Adaptive-RAG with the router that routed it ("(LLM classifier)", or the trained router's folder
-    name), since the router decides what the row measures."""
+    name), since the router decides what the row measures; a method whose settings depart from its
+    authors' code (`departed`: Search-o1's forced answer or greedy decoding ...) with those departures."""
     method = settings.get("method")
     own = settings.get("method_settings") or {}
     if own.get("evaluator") == "gold":
@@ -253,7 +272,27 @@ def method_label(settings: dict) -> str | None:
         if own.get("route", "auto") != "auto":
             return f"{method} (route {own['route']})"
         return f"{method} ({'LLM classifier' if classifier == 'llm' else 'router ' + Path(classifier).name})"
+    if departures := departed(method, own):
+        return f"{method} ({', '.join(departures)})"
     return method
+
+
+def departed(method: str | None, own: dict) -> list[str]:
+    """The labels of a run's settings that depart from its method's authors where ours differ (a
+    settings field whose metadata holds a "departure" label, e.g. Search-o1's `force_answer`:
+    "forced answer"), for each such setting the run's record holds off its default."""
+    import dataclasses
+
+    from metarag.methods.registry import method_settings
+
+    try:
+        defaults = method_settings(method) if method else None
+    except ConfigError:
+        return []
+    if not dataclasses.is_dataclass(defaults):
+        return []
+    return [f.metadata["departure"] for f in dataclasses.fields(defaults)
+            if "departure" in f.metadata and f.name in own and own[f.name] != to_plain(getattr(defaults, f.name))]
 
 
 def tell_apart(rows: list[dict], runs: Sequence[LoadedRun]) -> None:
@@ -420,7 +459,8 @@ COLUMNS = ("method", "retriever", "model", "dataset", "n", "failed", "EM", "cove
            "req/q", "served req/q", "cached req/q", "tok/req", "served tok/q", "lat/req", "served lat/q", "retr/q",
            "USD")
 # columns shown with their 95 % interval in the markdown table (`--ci inline`)
-CI_COLUMNS = ("EM", "cover-EM", "F1", "Prec", "Rec", "words/answer", "yes/no", "served tok/q", "served lat/q")
+CI_COLUMNS = ("EM", "cover-EM", "F1", "Prec", "Rec", "words/answer", "yes/no", "served tok/q", "served lat/q",
+              *PAPER_ACCURACIES)
 FAILED_MARK = " !"  # on the `failed` cell of a run with failed questions; a note under the table names them
 
 
@@ -469,12 +509,15 @@ def report_table(runs: Sequence[LoadedRun], *, baseline: int | None = 0, tests: 
             text += row.get(f"{c}*", "")
             if c in ("n",) and not row["complete"]:
                 text += " (partial)"
-            if c == "failed" and row["failed"]:
+            if c == "failed" and row["failed"] or c == "judge acc" and row.get("judge failed"):
                 text += FAILED_MARK
             cells.append(text)
         lines.append("| " + " | ".join(cells) + " |")
     notes = [f"{FAILED_MARK.strip()} {row['run']}: {row['failed']} of {row['n']} questions failed "
              f"({row['retryable failed']} retryable); first: {row['first error']}" for row in rows if row["failed"]]
+    notes += [f"{FAILED_MARK.strip()} {row['run']}: judge acc: the judge's requests failed on {row['judge failed']} "
+              f"of {row['n']} answers, counted as not correct; re-run to ask again" for row in rows
+              if row.get("judge failed")]
     notes += [incomplete_note(run) for run in runs if run.missing_shards]
     if notes:
         lines += ["", *notes]

@@ -173,6 +173,10 @@ class RunStore:
         count = self.shard_count()
         if count is None:
             return []
+        if count > len(question_ids):  # written by a version that did not check; no shard of it can run
+            raise DataError(f"shards.json splits the run {count} ways, more than its {len(question_ids)} questions "
+                            "(no metarag writes that now): remove shards.json and the results.shard-* files, then "
+                            "run the shards again", path=str(self.shards_path))
         started = {s for s, _ in self.result_files() if s is not None}
         missing = []
         for index in range(1, count + 1):

@@ -1,12 +1,17 @@
-"""LLM-as-judge answer correctness, the accuracy the agentic-RAG papers report next to EM (R1-Searcher,
-Song et al., 2025, §4.1; Search-o1, Li et al., 2025, §4.1): a model reads the question, the gold
-answers and a prediction and says whether the prediction is right. Post-hoc only: it scores a finished
-run's answers (`evaluate/answer_judge.py`), never a method's decision.
+"""LLM-as-judge answer correctness, the accuracy agentic-RAG papers report next to EM (R1-Searcher's
+ACC_L, Song et al., 2025): a model reads the question, the gold answers and a prediction and says
+whether the prediction is right. Post-hoc only: it scores a finished run's answers
+(`evaluate/answer_judge.py`), never a method's decision.
 
 The prompts are ours, written to the papers' criterion (the prediction is right when it carries the
 meaning and the key facts of a gold answer); each is a named setting, and its text is stored with the
-verdicts it gave. Like every judge that asks a model it is a sub-policy (`judges/base.py`): it yields
-one Ask and the runner records it.
+verdicts it gave. Which paper judges how: R1-Searcher asks gpt-4o-mini with the question, the golden
+answer and the prediction, and reads True / False (`evaluation/metric_calc_gpt_as_judge.py`, lines
+64-91): "r1-searcher" has that structure, in our words. Search-o1's release has no judge (its
+accuracy is a substring match, `metrics.search_o1_accuracy`). "agentic-rag" is our wording of the
+same criterion, stricter about hedges and partial answers; "equivalence" leaves the question out.
+Like every judge that asks a model it is a sub-policy (`judges/base.py`): it yields one Ask and the
+runner records it.
 """
 from __future__ import annotations
 
@@ -44,7 +49,15 @@ EQUIVALENCE_TASK = (
     "Answer Yes when the prediction names the same entity, number, date or fact as a gold answer, however "
     "it is worded; No otherwise.\n"
     "Reply in exactly this form:\nVerdict: <Yes or No>")
-PROMPTS = {"agentic-rag": AGENTIC_RAG_TASK, "equivalence": EQUIVALENCE_TASK}
+# R1-Searcher's judge: question, golden answer and prediction in, True or False out (our words, its structure)
+R1_SEARCHER_TASK = (
+    "Check a predicted answer to a question against the question's golden answer. The prediction is correct "
+    "only when it agrees fully with the meaning and the key information of the golden answer. Reply True if "
+    "the prediction is correct and False if it is not.\n\n"
+    "Question: {question}\n"
+    "Golden Answer: {golds}\n"
+    "Predicted Answer: {prediction}")
+PROMPTS = {"agentic-rag": AGENTIC_RAG_TASK, "equivalence": EQUIVALENCE_TASK, "r1-searcher": R1_SEARCHER_TASK}
 GOLD_SEPARATOR = " | "
 
 _VERDICT = re.compile(r"verdict[^\w\n]*[:\-][^\w\n]*(\w+)", re.IGNORECASE)
@@ -64,14 +77,16 @@ class AnswerJudge:
     judge by, with their large judges), the 1.5B calls 83-100 % of a run's answers right, wrong ones
     included (Cohen's kappa with EM 0.00-0.04 over the agentic table's 14 runs, docs/results.md); with
     "equivalence" its verdicts follow the answers (kappa 0.33-1.00, agreement with EM 80-100 %).
-    Name "agentic-rag" with a judge that can read the question (`--judge-llm openai:MODEL@URL
-    --judge-prompt agentic-rag`). The verdict is read from the reply's first `Verdict:` label,
+    Name "agentic-rag", or "r1-searcher" (R1-Searcher's judge, gpt-4o-mini in its paper), with a judge
+    that can read the question (`--judge-llm openai:MODEL@URL --judge-prompt r1-searcher`); several
+    gold aliases reach every prompt joined by " | " (R1-Searcher's sets give one). The verdict is read
+    from the reply's first `Verdict:` label,
     else from its first word (Yes / No, True / False, Correct / Incorrect); a reply that gives neither
     is `unjudged`, recorded with the reply as its fallback, and counted as neither right nor wrong.
     `model` names the judge model as a spec string ("openai:MODEL@URL"); None asks the LLM the judge is
     run with. Greedy decoding; `max_tokens` leaves room for the verdict line."""
 
-    prompt: Literal["agentic-rag", "equivalence"] = "equivalence"
+    prompt: Literal["agentic-rag", "equivalence", "r1-searcher"] = "equivalence"
     max_tokens: int = setting(16, ge=2)
     model: str | None = None
     name: str = "answer-correctness"

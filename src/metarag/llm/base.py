@@ -14,8 +14,11 @@ The rules, the same in every back-end (`tests/test_llm_contract.py` checks them 
   not closed, its text is the start of the answer (`render` = the rest rendered with the assistant
   turn opened, followed by the prefix). Completion text is only what comes after the prefix.
 - Token-id prompts: `complete(TokenIds(...))` feeds the ids as they are (no template, no BOS).
-- Sampling: temperature 0 is greedy; otherwise softmax(logits / temperature), cut to the smallest
-  set whose probability reaches `top_p`, drawn with numpy's generator seeded by `seed`.
+- Sampling: a repetition penalty other than 1 first divides the positive logits and multiplies the
+  negative ones of every token the prompt or the output so far holds (transformers' and vLLM's rule);
+  then temperature 0 is greedy; otherwise softmax(logits / temperature) over the `top_k` best tokens
+  (0: all; ties at the cut kept, as vLLM), cut to the smallest set whose probability reaches `top_p`,
+  drawn with numpy's generator seeded by `seed`.
 - Entropy: of the model's own next-token distribution (temperature 1), in nats.
 - Labels: see `label_plan`.
 """
@@ -66,7 +69,9 @@ class Decoding:
     `logprobs` is how many top alternatives to return per generated token (0 = none); per-token
     data is kept in a trace's Generate step only when `logprobs` > 0 or `keep_tokens` is set.
     `attentions` / `hidden_states` ask a back-end that has them (transformers) for the attention
-    weights / hidden states of the prompt and output, in `Completion.internals`."""
+    weights / hidden states of the prompt and output, in `Completion.internals`. `top_k` (0: off) and
+    `repetition_penalty` (1: off) are vLLM's sampling parameters of the same names, applied by the
+    shared rule (`sample_token`), passed on to vLLM and sent to a server."""
 
     max_tokens: int = 256
     stop: tuple[str, ...] = ()
@@ -77,8 +82,14 @@ class Decoding:
     keep_tokens: bool = False
     attentions: bool = False
     hidden_states: bool = False
+    top_k: int = 0
+    repetition_penalty: float = 1.0
 
     def __post_init__(self) -> None:
+        if self.top_k < 0:
+            raise ConfigError(f"top_k must be >= 0 (0: off), got {self.top_k}")
+        if not self.repetition_penalty > 0:
+            raise ConfigError(f"repetition_penalty must be > 0 (1: off), got {self.repetition_penalty}")
         if self.max_tokens < 0:
             raise ConfigError(f"max_tokens must be >= 0, got {self.max_tokens}")
         if self.temperature < 0:
@@ -248,11 +259,18 @@ def top_alternatives(logprobs: np.ndarray, k: int, piece: Callable[[int], str]) 
     return tuple((piece(int(t)), float(logprobs[t])) for t in best)
 
 
-def sample_token(logits: np.ndarray, decoding: Decoding, rng: np.random.Generator) -> int:
-    """The next token by the shared sampling rule (see the module docstring)."""
+def sample_token(logits: np.ndarray, decoding: Decoding, rng: np.random.Generator,
+                 history: Sequence[int] = ()) -> int:
+    """The next token by the shared sampling rule (see the module docstring); `history` is the
+    token ids of the prompt and of the output so far, which a repetition penalty reads."""
+    if decoding.repetition_penalty != 1.0 and len(history):
+        logits = penalized(logits, history, decoding.repetition_penalty)
     if decoding.temperature <= 0:
         return int(np.argmax(logits))
     scaled = logits.astype(np.float64) / decoding.temperature
+    if 0 < decoding.top_k < scaled.shape[0]:
+        kth = np.partition(scaled, -decoding.top_k)[-decoding.top_k]
+        scaled = np.where(scaled >= kth, scaled, -np.inf)
     p = np.exp(scaled - scaled.max())
     p /= p.sum()
     if decoding.top_p < 1.0:
@@ -262,6 +280,16 @@ def sample_token(logits: np.ndarray, decoding: Decoding, rng: np.random.Generato
         mask[order[:keep]] = p[order[:keep]]
         p = mask / mask.sum()
     return int(rng.choice(p.shape[0], p=p))
+
+
+def penalized(logits: np.ndarray, history: Sequence[int], penalty: float) -> np.ndarray:
+    """The logits with the repetition penalty on every token id in `history`: a positive logit
+    divided by `penalty`, a negative one multiplied (CTRL's rule, as transformers and vLLM apply it)."""
+    seen = np.unique(np.asarray(history, dtype=np.int64))
+    out = logits.astype(np.float64, copy=True)
+    picked = out[seen]
+    out[seen] = np.where(picked > 0, picked / penalty, picked * penalty)
+    return out
 
 
 # ---------------------------------------------------------------------------------------- labels

@@ -102,10 +102,8 @@ class LlamaCppLLM:
     def __init__(self, settings: LlamaCppSettings = LlamaCppSettings()):
         if settings.gguf:
             path = check_gguf_path(settings.gguf)
-            name = path.name
         elif settings.embedded:
-            model = embedded_model(settings.embedded)
-            path, name = ensure_gguf(model), model.name
+            path = ensure_gguf(embedded_model(settings.embedded))
         else:
             raise ConfigError("the llama.cpp back-end needs an embedded model name or a GGUF path")
         try:
@@ -116,15 +114,14 @@ class LlamaCppLLM:
         self.settings = settings
         self.path = path
         self.model_sha256 = file_sha256(path)
-        self.identity = f"llama.cpp:{name}:sha256={self.model_sha256[:16]}"
-        if settings.prefix_chunk:  # exact reuse gives other (fresh-evaluation) numbers: kept apart in the cache
-            self.identity += f":prefix_chunk={settings.prefix_chunk}"
+        self.identity = self.identity_for(settings, self.model_sha256)
         adapter = None
         if settings.lora:
-            from metarag.llm.lora import adapter_sha256, gguf_adapter
+            from metarag.llm.lora import check_adapter, gguf_adapter, probe_adapter
 
             adapter = gguf_adapter(settings.lora, path)
-            self.identity += f":lora={adapter_sha256(settings.lora)[:16]}"
+            check_adapter(adapter, path)  # what llama.cpp would crash on, refused by its metadata
+            probe_adapter(adapter, path)  # the first decode, in a child process: a crash there is one line
         self._clean = 0  # the context's leading positions evaluated in whole aligned chunks (prefix_chunk)
         try:
             threads = settings.n_threads or os.cpu_count()
@@ -144,6 +141,28 @@ class LlamaCppLLM:
         self._state_bytes = 0
         # one context, one request at a time: harness workers > 1 queue here instead of corrupting it
         self._lock = threading.Lock()
+
+    @staticmethod
+    def identity_for(settings: LlamaCppSettings, model_sha256: str | None = None) -> str:
+        """The identity a model of these settings has (what the response cache and a run's manifest
+        know it by), computed without loading it: an embedded model's sha256 is its registry's (the
+        assembled file is checked against it), a GGUF path's is read (remembered beside the file)."""
+        if settings.gguf:
+            path = check_gguf_path(settings.gguf)
+            name, sha = path.name, model_sha256 or file_sha256(path)
+        elif settings.embedded:
+            model = embedded_model(settings.embedded)
+            name, sha = model.name, model_sha256 or model.sha256
+        else:
+            raise ConfigError("the llama.cpp back-end needs an embedded model name or a GGUF path")
+        identity = f"llama.cpp:{name}:sha256={sha[:16]}"
+        if settings.prefix_chunk:  # exact reuse gives other (fresh-evaluation) numbers: kept apart in the cache
+            identity += f":prefix_chunk={settings.prefix_chunk}"
+        if settings.lora:
+            from metarag.llm.lora import adapter_sha256
+
+            identity += f":lora={adapter_sha256(settings.lora)[:16]}"
+        return identity
 
     # -------------------------------------------------------------------------------- protocol
     def complete(self, prompt: str | TokenIds, decoding: Decoding = Decoding()) -> Completion:
@@ -246,7 +265,7 @@ class LlamaCppLLM:
         ahead: list[tuple[int, np.ndarray]] = []  # drafts already in the context, each with its logits
         logits = self._logits()
         while len(out) < budget:
-            token = sample_token(logits, decoding, rng)
+            token = sample_token(logits, decoding, rng, tokens + out if decoding.repetition_penalty != 1.0 else ())
             if ahead and ahead[0][0] != token:  # a draft the greedy choice rejects: drop it and the rest
                 self._llm.n_tokens = len(tokens) + len(out)
                 ahead = []

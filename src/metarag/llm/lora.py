@@ -16,6 +16,12 @@ them (GGUF lists dimensions innermost first, so A reads [in, r] and B [r, out] t
 Only architectures whose GGUF keeps the attention weights in Hugging Face's row order are converted
 (Qwen2 / Qwen3: llama.cpp's converter permutes LLaMA's q / k rows, which an adapter would then need
 too); rsLoRA and DoRA adapters are refused, since llama.cpp applies plain alpha / r scaling.
+
+llama.cpp does not refuse an adapter it cannot apply: a file that is no adapter, one cut short, or the
+base model itself given as one ends its process with a segmentation fault at the first decode. So an
+adapter is checked before it loads (`check_adapter`: its GGUF metadata and every tensor's shape against
+the base), and its first decode runs once in a child process (`probe_adapter`), where a crash is a
+one-line error instead of a dead run.
 """
 from __future__ import annotations
 
@@ -23,9 +29,12 @@ import hashlib
 import json
 import os
 import re
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
-from metarag.errors import ConfigError, DataError, MissingDependency
+from metarag.errors import BackendError, ConfigError, DataError, MissingDependency
 from metarag.paths import metarag_home
 
 ADAPTER_CONFIG = "adapter_config.json"
@@ -89,6 +98,108 @@ def gguf_adapter(path: str | os.PathLike[str], base_gguf: str | os.PathLike[str]
         convert_peft_adapter(folder, base_gguf, partial)
         partial.replace(target)
     return target
+
+
+def check_adapter(adapter: str | os.PathLike[str], base_gguf: str | os.PathLike[str]) -> None:
+    """Refuse, naming the file and what is wrong, a GGUF adapter llama.cpp cannot apply to `base_gguf`:
+    one that does not read as GGUF (a few bytes, a file cut short), whose `general.type` is not "adapter"
+    (a model file) or `adapter.type` not "lora", made for another architecture, or whose tensors are not
+    lora_a / lora_b pairs fitting base tensors (A [in, r], B [r, out] against the base's [in, out])."""
+    reader = _read_gguf(adapter, "the LoRA adapter")
+    where = str(adapter)
+    kind = _field_value(reader, "general.type")
+    if kind != "adapter":
+        raise DataError(f"not a LoRA adapter: its general.type is {kind!r}, not 'adapter' (a model file?); give a "
+                        "GGUF adapter file or a PEFT adapter folder", path=where)
+    if (lora := _field_value(reader, "adapter.type")) != "lora":
+        raise DataError(f"not a LoRA adapter: its adapter.type is {lora!r}, not 'lora'", path=where)
+    base = _read_gguf(base_gguf, "the base model")
+    arch, base_arch = _field_value(reader, "general.architecture"), _field_value(base, "general.architecture")
+    if arch != base_arch:
+        raise DataError(f"the adapter is for architecture {arch!r}, the base model {base_gguf} is {base_arch!r}",
+                        path=where)
+    shapes = {t.name: tuple(int(n) for n in t.shape) for t in base.tensors}  # GGUF order: innermost first
+    pairs: dict[str, dict[str, tuple[int, ...]]] = {}
+    for tensor in reader.tensors:
+        name, _, part = tensor.name.rpartition(".lora_")
+        if part not in ("a", "b") or not name:
+            raise DataError(f"tensor {tensor.name!r} is not a LoRA tensor (NAME.lora_a / NAME.lora_b)", path=where)
+        pairs.setdefault(name, {})[part] = tuple(int(n) for n in tensor.shape)
+    if not pairs:
+        raise DataError("the adapter holds no LoRA tensors", path=where)
+    for name, pair in sorted(pairs.items()):
+        if set(pair) != {"a", "b"}:
+            raise DataError(f"{name}: lora_{'b' if 'a' in pair else 'a'} is missing", path=where)
+        if name not in shapes:
+            raise DataError(f"{name} is not a tensor of the base model {base_gguf}", path=where)
+        a, b = pair["a"], pair["b"]
+        if len(a) != 2 or len(b) != 2 or a[1] != b[0] or (a[0], b[1]) != shapes[name][:2]:
+            raise DataError(f"{name}: adapter shapes A {list(pair['a'])}, B {list(pair['b'])} do not fit the base "
+                            f"tensor {list(shapes[name])} of {base_gguf}", path=where)
+
+
+# The child `probe_adapter` runs: load the base with the adapter and evaluate a few tokens.
+PROBE_CHILD = """
+import sys
+import llama_cpp
+llm = llama_cpp.Llama(model_path=sys.argv[1], lora_path=sys.argv[2], n_ctx=64, n_batch=64, n_threads=1,
+                      n_threads_batch=1, verbose=False)
+llm.eval(llm.tokenize(b"The capital of France is", add_bos=True))
+"""
+
+
+def probe_adapter(adapter: str | os.PathLike[str], base_gguf: str | os.PathLike[str], *,
+                  cache_dir: Path | None = None, timeout_s: float = 600) -> None:
+    """llama.cpp's first decode with `adapter` on `base_gguf`, in a child process, once per pair of files
+    (a marker under `$METARAG_HOME/adapters/probed/` remembers it): a crash there (llama.cpp dies with
+    SIGSEGV on an adapter it cannot apply) or a refusal is a BackendError naming both files."""
+    from metarag.llm.models import file_sha256
+
+    key = hashlib.sha256(f"{file_sha256(Path(base_gguf))}:{adapter_sha256(adapter)}".encode()).hexdigest()[:32]
+    marker = (cache_dir or metarag_home() / "adapters" / "probed") / key
+    if marker.is_file():
+        return
+    try:
+        out = subprocess.run([sys.executable, "-c", PROBE_CHILD, str(base_gguf), str(adapter)], capture_output=True,
+                             text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        raise BackendError(f"llama.cpp's first decode with the adapter {adapter} on {base_gguf} did not finish "
+                           f"within {timeout_s:g} s") from None
+    if out.returncode != 0:
+        if out.returncode < 0:
+            number = -out.returncode
+            how = f"died with {signal.Signals(number).name if number in signal.valid_signals() else number}"
+        else:
+            lines = [line for line in out.stderr.strip().splitlines() if line.strip()]
+            how = f"failed ({lines[-1] if lines else f'exit {out.returncode}'})"
+        raise BackendError(f"llama.cpp {how} in its first decode with the adapter {adapter} on {base_gguf}: the "
+                           "adapter does not fit this model (train it on this base, or give its own base)")
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.write_text(f"{base_gguf}\n{adapter}\n")
+
+
+def _read_gguf(path: str | os.PathLike[str], what: str):
+    """A GGUFReader over `path`, or DataError naming the file: not GGUF, cut short, unreadable."""
+    try:
+        import gguf
+    except ModuleNotFoundError:
+        raise MissingDependency("gguf", "hf") from None
+    try:
+        with open(path, "rb") as f:
+            if f.read(4) != b"GGUF":
+                raise DataError(f"{what} is not a GGUF file (bad magic bytes)", path=str(path))
+        return gguf.GGUFReader(str(path))
+    except DataError:
+        raise
+    except Exception as exc:  # noqa: BLE001  the reader's own error on a file cut short or malformed
+        raise DataError(f"{what} does not read as a GGUF file (cut short, or not GGUF): {type(exc).__name__}: "
+                        f"{exc}", path=str(path)) from None
+
+
+def _field_value(reader, key: str) -> str | None:
+    """A string field of a GGUF's metadata, None when absent."""
+    field = reader.fields.get(key)
+    return None if field is None else bytes(field.parts[field.data[0]]).decode(errors="replace")
 
 
 def convert_peft_adapter(folder: str | os.PathLike[str], base_gguf: str | os.PathLike[str],

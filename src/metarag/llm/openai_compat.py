@@ -2,7 +2,9 @@
 
 This is how users scale out: point `base_url` at a served model. Requests that fail with 429, a 5xx
 or a connection error are retried with exponential backoff; after the last try a BackendError names
-the URL and what went wrong.
+the URL and what went wrong. A server that takes requests but never answers them is not waited on
+forever: after `circuit_timeouts` requests in a row time out, the client sends no more (a circuit
+breaker): every request and `check()` then fail at once, naming the server.
 """
 from __future__ import annotations
 
@@ -46,6 +48,7 @@ class OpenAISettings:
     model: str = ""
     api_key_env: str = "OPENAI_API_KEY"
     timeout_s: float = 60.0
+    circuit_timeouts: int = 2  # requests in a row without an answer in timeout_s before no more are sent
     max_retries: int = 4
     backoff_s: float = 1.0
     top_logprobs_for_labels: int = 20
@@ -70,7 +73,14 @@ class OpenAICompatLLM:
         self._tls = None  # one TLS context for every client (making one costs ~50 ms)
         self._idle: list = []  # clients not in use: a request takes one (or makes one) and puts it back
         self._idle_lock = threading.Lock()
-        self.identity = f"openai:{settings.model}@{settings.base_url}"
+        self._timeouts = 0  # requests in a row that got no answer within timeout_s (any answer resets it)
+        self._circuit: str | None = None  # why no more requests are sent, once the breaker has opened
+        self.identity = self.identity_for(settings)
+
+    @staticmethod
+    def identity_for(settings: OpenAISettings) -> str:
+        """The identity a client of these settings has: the served model's name and the server's URL."""
+        return f"openai:{settings.model}@{settings.base_url}"
 
     @contextlib.contextmanager
     def _client(self):
@@ -209,7 +219,13 @@ class OpenAICompatLLM:
 
     @staticmethod
     def _sampling(decoding: Decoding) -> dict:
-        return {"top_p": decoding.top_p} if decoding.top_p < 1.0 else {}
+        """top-p as the API has it; top-k and the repetition penalty, which it has not, in the request
+        body under vLLM's names and llama.cpp server's (`repeat_penalty`); OpenAI's API refuses them."""
+        extra = {**({"top_k": decoding.top_k} if decoding.top_k else {}),
+                 **({"repetition_penalty": decoding.repetition_penalty, "repeat_penalty": decoding.repetition_penalty}
+                    if decoding.repetition_penalty != 1.0 else {})}
+        return {**({"top_p": decoding.top_p} if decoding.top_p < 1.0 else {}),
+                **({"extra_body": extra} if extra else {})}
 
     def _template(self):
         """A function rendering messages with the configured template, the assistant turn opened."""
@@ -236,6 +252,8 @@ class OpenAICompatLLM:
         """Fail in seconds when the server is down or hung, before a run spends minutes of retries
         per question: one `GET {base_url}/models`, no retry. A server that answers 404 there is up."""
         openai, url = self._openai, self.settings.base_url
+        if self._circuit is not None:
+            raise BackendError(self._circuit, retryable=True)
         try:
             with self._client() as client:
                 client.with_options(timeout=timeout_s, max_retries=0).models.list()
@@ -257,20 +275,46 @@ class OpenAICompatLLM:
         openai, settings = self._openai, self.settings
 
         def attempt():
+            if self._circuit is not None:  # not retryable here, so `retrying` stops at once (made so below)
+                raise BackendError(self._circuit)
             start = time.perf_counter()
             try:
                 with self._client() as client:
-                    return endpoint(client)(**kwargs), time.perf_counter() - start
+                    answer = endpoint(client)(**kwargs), time.perf_counter() - start
+            except openai.APITimeoutError as exc:
+                self._timed_out()
+                raise BackendError(self._circuit or _brief(exc), retryable=self._circuit is None) from None
             except (openai.APIConnectionError, openai.RateLimitError, openai.InternalServerError) as exc:
                 raise BackendError(_brief(exc), retryable=True) from None
             except openai.APIStatusError as exc:
+                self._answered()
                 if exc.status_code < 500 and exc.status_code != 429:
                     raise BackendError(f"{settings.base_url} refused the request "
                                        f"(HTTP {exc.status_code}): {_brief(exc)}") from None
                 raise BackendError(_brief(exc), retryable=True) from None
+            self._answered()
+            return answer
 
-        return retrying(attempt, tries=settings.max_retries + 1, backoff_s=settings.backoff_s, jitter=0.1,
-                        failed=f"{settings.base_url} did not answer")
+        try:
+            return retrying(attempt, tries=settings.max_retries + 1, backoff_s=settings.backoff_s, jitter=0.1,
+                            failed=f"{settings.base_url} did not answer")
+        except BackendError:
+            if self._circuit is not None:  # a question stopped by the breaker may succeed once the server is back
+                raise BackendError(self._circuit, retryable=True) from None
+            raise
+
+    def _timed_out(self) -> None:
+        """Count a request that got no answer within `timeout_s`; open the breaker at `circuit_timeouts`."""
+        with self._idle_lock:
+            self._timeouts += 1
+            if self._circuit is None and 0 < self.settings.circuit_timeouts <= self._timeouts:
+                self._circuit = (f"LLM server at {self.settings.base_url}: {self._timeouts} requests in a row got no "
+                                 f"answer within {self.settings.timeout_s:g} s, so no more are sent (it takes "
+                                 "requests but does not complete them: hung, or overloaded); restart it and re-run")
+
+    def _answered(self) -> None:
+        with self._idle_lock:
+            self._timeouts = 0
 
     @staticmethod
     def _usage(response, latency: float) -> Usage:

@@ -12,20 +12,22 @@ import importlib
 from dataclasses import dataclass
 from typing import Any
 
-from metarag.errors import ConfigError, close_matches
+from metarag.errors import ConfigError, MetaRAGError, close_matches
 from metarag.llm.base import LLM
 
 
 @dataclass(frozen=True)
 class Backend:
     """One back-end name: the module and class that implement it, its settings class, the embedded
-    model it preselects (if any), and which spec field it needs ("path" or "model")."""
+    model it preselects (if any), which spec field it needs ("path" or "model"), and whether it is
+    `served` (a client of a model behind a server: building it loads nothing, and `check()` asks it)."""
 
     module: str
     cls: str
     settings_cls: str
     embedded: str | None = None
     needs: str | None = None
+    served: bool = False
 
 
 _LLAMA = ("metarag.llm.llama_cpp", "LlamaCppLLM", "LlamaCppSettings")
@@ -36,7 +38,7 @@ BACKENDS: dict[str, Backend] = {
     "gguf": Backend(*_LLAMA, needs="path"),
     "hf": Backend(*_HF, embedded="qwen2.5-coder-1.5b-instruct"),
     "hf-0.5b": Backend(*_HF, embedded="qwen2.5-coder-0.5b-instruct"),
-    "openai": Backend("metarag.llm.openai_compat", "OpenAICompatLLM", "OpenAISettings", needs="model"),
+    "openai": Backend("metarag.llm.openai_compat", "OpenAICompatLLM", "OpenAISettings", needs="model", served=True),
 }
 # Back-ends whose spec string takes ":PATH" (`hf:PATH` is the `hf` back-end with a path).
 PATH_BACKENDS = ("gguf", "hf")
@@ -127,6 +129,20 @@ def backend_settings(spec: LLMSpec) -> Any:
                             n_threads=spec.n_threads)
     return settings_cls(embedded=backend.embedded, gguf=spec.gguf, n_ctx=spec.n_ctx, n_threads=spec.n_threads,
                         prefix_chunk=spec.prefix_chunk, lora=spec.lora)
+
+
+def expected_identity(spec: LLMSpec) -> str | None:
+    """The identity a model built from `spec` will have (`LLM.identity`), where its back-end can tell
+    without loading it (a class-level `identity_for(settings)`: llama.cpp, an OpenAI-compatible server);
+    None where it cannot (transformers picks its dtype and device at load) or its files are missing."""
+    backend = BACKENDS[spec.backend]
+    identity_for = getattr(getattr(importlib.import_module(backend.module), backend.cls), "identity_for", None)
+    if identity_for is None:
+        return None
+    try:
+        return identity_for(backend_settings(spec))
+    except MetaRAGError:
+        return None
 
 
 def make_llm(spec: LLMSpec | str) -> LLM:

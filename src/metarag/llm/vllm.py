@@ -21,11 +21,44 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from metarag.errors import BackendError
+from metarag.errors import BackendError, ConfigError
 from metarag.llm.base import Decoding, Prompt, TokenStream
 from metarag.records import Completion, LabelScores, Message, Usage
+
+VLLM_MAX_TEMPERATURE = 2.0  # vLLM's SamplingParams refuses more
+# the log-probs a server must return: those of the distribution sampled from (temperature and the other
+# processors applied), which TRL's importance-sampling correction and the rollouts' recorded log-probs are
+PROCESSED = "processed_logprobs"
+
+
+def check_server_logprobs(server_info: dict[str, Any], url: str = "the vLLM server") -> None:
+    """Refuse a server that returns other log-probs than the sampled distribution's: TRL's
+    `VLLMClient.get_server_info()` (the server's `VllmConfig`) must name `logprobs_mode`
+    processed_logprobs. vLLM's default, raw_logprobs, is the model's distribution before temperature,
+    top-k / top-p and penalties; "raw_logits" / "processed_logits" are not log-probs at all. TRL only
+    warns about it; a training row's log-probs would be wrong, so this is a ConfigError."""
+    mode = (server_info.get("model_config") or {}).get("logprobs_mode")
+    if mode != PROCESSED:
+        raise ConfigError(f"{url} runs with --logprobs-mode {mode or '(not reported)'}: restart it with "
+                          f"`trl vllm-serve ... --logprobs-mode {PROCESSED}` (the rollouts' log-probs must be the "
+                          "sampled distribution's)")
+
+
+def check_colocated_model(path: str | None, what: str | None = None) -> None:
+    """Refuse a policy a colocated vLLM cannot load: TRL builds `vllm.LLM(model=model.name_or_path)`,
+    a folder with the model's `config.json` and safetensors weights, and streams the trained weights
+    into it by name. A GGUF read through transformers (`--llm hf`, `hf-0.5b`, `hf:FILE.gguf`) has no
+    such folder, and vLLM's GGUF loader keeps quantized layers the float weights cannot be copied into.
+    `what` names the model in the error (default: `path`)."""
+    folder = Path(path).expanduser() if path else None
+    if folder is None or not (folder / "config.json").is_file() or not any(folder.glob("*.safetensors")):
+        raise ConfigError(f"vllm=colocate loads the policy into vLLM from a model folder (config.json and "
+                          f"*.safetensors), and {what or path or 'an in-memory model'} is none (a GGUF read by "
+                          "transformers?): train from hf:FOLDER, a safetensors model folder such as a checkpoint's "
+                          "merged/")
 
 
 @dataclass(frozen=True)
@@ -41,10 +74,19 @@ class Sampled:
 def sampling_request(decoding: Decoding, budget: int) -> dict[str, Any]:
     """vLLM's sampling parameters for one request (the keyword arguments of `SamplingParams` and of
     the server's completion request). The stop strings are kept in the output (the stop rule is
-    replayed here); special tokens too, so that ids and text agree."""
+    replayed here); special tokens too, so that ids and text agree. What vLLM's `SamplingParams`
+    rejects is refused here in one line: a budget below 1 token (`VLLMRollouts` answers a request
+    with no room left without vLLM), a temperature above 2; an empty stop string, which vLLM also
+    rejects and the shared stop rule ignores, is left out."""
+    if budget < 1:
+        raise BackendError(f"a vLLM request needs a token budget of at least 1, not {budget}")
+    if decoding.temperature > VLLM_MAX_TEMPERATURE:
+        raise ConfigError(f"vLLM samples at temperatures up to {VLLM_MAX_TEMPERATURE:g}, not {decoding.temperature:g}")
     return {"n": 1, "temperature": decoding.temperature, "top_p": decoding.top_p, "max_tokens": budget,
-            "seed": decoding.seed, "logprobs": max(decoding.logprobs, 0), "stop": list(decoding.stop),
-            "include_stop_str_in_output": True, "skip_special_tokens": False}
+            "seed": decoding.seed, "logprobs": max(decoding.logprobs, 0), "stop": [s for s in decoding.stop if s],
+            "include_stop_str_in_output": True, "skip_special_tokens": False,
+            **({"top_k": decoding.top_k} if decoding.top_k else {}),
+            **({"repetition_penalty": decoding.repetition_penalty} if decoding.repetition_penalty != 1.0 else {})}
 
 
 class ColocatedEngine:
@@ -181,12 +223,18 @@ class VLLMRollouts:
         """One completion per prompt, all sent to vLLM at once; each completion's latency is its share."""
         rows = [self.policy._prompt_ids(p) for p in prompts]
         budgets = [max(0, min(d.max_tokens, self.settings.n_ctx - len(r) - 1)) for r, d in zip(rows, decodings)]
+        # vLLM refuses a budget of 0 (a request for 0 tokens, or a prompt that fills the context): such a
+        # request ends at once, with no tokens and finish "length", as on the transformers back-end
+        sent = [i for i, b in enumerate(budgets) if b >= 1]
         start = time.perf_counter()
-        sampled = self.engine(rows, [sampling_request(d, b) for d, b in zip(decodings, budgets)])
-        if len(sampled) != len(rows):
-            raise BackendError(f"vLLM returned {len(sampled)} completions for {len(rows)} prompts")
+        sampled = self.engine([rows[i] for i in sent], [sampling_request(decodings[i], budgets[i]) for i in sent]) \
+            if sent else []
+        if len(sampled) != len(sent):
+            raise BackendError(f"vLLM returned {len(sampled)} completions for {len(sent)} prompts")
+        outputs = dict(zip(sent, sampled))
         share = (time.perf_counter() - start) / max(len(rows), 1)
-        return [self._completion(row, out, d, share) for row, out, d in zip(rows, sampled, decodings)]
+        return [self._completion(row, outputs.get(i, Sampled((), (), ())), d, share)
+                for i, (row, d) in enumerate(zip(rows, decodings))]
 
     def _completion(self, row: list[int], out: Sampled, decoding: Decoding, latency: float) -> Completion:
         """vLLM's tokens through the shared stop rule, as `HFLLM._decode` pushes its own."""

@@ -9,16 +9,19 @@ text) that ends "Assistant: <think>". It writes a query between `<|begin_of_quer
 generation stops at `<|end_of_query|>` or `</answer>`. After a query the loop appends the closing
 marker and the top-k passages between `<|begin_of_documents|>` and `<|end_of_documents|>`, and the
 model goes on. A reply that stops at neither marker, or whose query is empty once cleaned, ends the
-episode with no answer (the authors' "shot_down" and "query_inst_error", scored "I don't know"):
-recorded as the action "invalid", never a crash. The prompt grows at every step, so no loop state
-repeats and the shared fixed-point rule has nothing to detect.
+episode with the authors' no-answer "I don't know." (their "shot_down" and "query_inst_error"):
+recorded as the action "invalid", never a crash; so does the tenth generation, whatever it holds
+(their "many_retrieve"). The prompt grows at every step, so no loop state repeats and the shared
+fixed-point rule has nothing to detect.
 
 Markers, prompt (`base_prompt_v0`, the one `evaluation/gen_search.sh` and the README run), stop
 strings, query cleaning, document layout ("(1)..." one per line, "None" for no passage) and the
 turn limit follow `evaluation/eval_search_loacl.py` of github.com/RUCAIBox/R1-Searcher, in our
 words and its shape. Per step, in trace order (the contract of `policy/agent_trace.py`): the step's
 generation (Generate "agent-step"), `Decide("agent-step", "search"|"answer"|"invalid", {step,
-forced})`, and for a search its Retrieve step.
+forced})`, and for a search its Retrieve step; last, why the episode ended, `Decide("stop-reason",
+...)` with the authors' `stop_reason_final` ("finished", "shot_down", "query_inst_error",
+"many_retrieve"), or "forced".
 """
 from __future__ import annotations
 
@@ -57,6 +60,11 @@ DOCUMENT = "({n})Title: {title} Text: {text}\n"
 NO_DOCUMENTS = "None"
 # the last turn, when the answer is forced: the thinking is closed and the answer opened
 FORCE_PREFIX = f"</think>\n\n{ANSWER_OPEN}"
+# the answer of an episode that gave none, as the authors score it (their `pred_ans`)
+NO_ANSWER = "I don't know."
+# why an episode ended: the authors' `stop_reason_final` values, and ours for a forced last turn
+FINISHED, SHOT_DOWN, QUERY_ERROR, MANY_RETRIEVE, FORCED = (
+    "finished", "shot_down", "query_inst_error", "many_retrieve", "forced")
 
 
 @dataclass(frozen=True)
@@ -64,11 +72,12 @@ class R1SearcherSettings:
     """R1-Searcher as its authors evaluate it (`evaluation/eval_search_loacl.py`, `gen_search.sh`).
 
     `k` 5 passages per query and `step_max_tokens` 512 per generation (its `topk` and
-    `max_tokens`). `T` 10 generations: the script's loop stops a question at its tenth generation
-    (`k == 9`), so at most nine searches. `force_answer`: that tenth generation starts inside
-    `<answer>` (the thinking closed first), so the episode ends with an answer; off reproduces the
-    script, which discards it and scores "I don't know" (ours: a forced answer is the shared turn
-    limit rule of the search agents here, and leaves every shorter episode unchanged).
+    `max_tokens`); greedy, as `gen_search.sh` runs it (`--temp 0.0`). `T` 10 generations: the
+    script's loop drops a question's tenth generation, whatever it holds, and scores "I don't know."
+    (lines 203-213, `k == 9`), so at most nine searches. `force_answer` (ours, off; a report names
+    the row "forced answer"): that tenth generation starts inside `<answer>` (the thinking closed
+    first) and its answer counts, so the episode ends with an answer, as the shared turn-limit rule
+    of the search agents here; it leaves every shorter episode unchanged.
     Training (`train-agent`) runs this same prompt: the authors' trainer
     (`OpenRLHF-RAG/openrlhf/trainer/ppo_utils/experience_maker.py`) words the query line a little
     differently, takes the top-3 and cuts the ninth generation (`--max-turns 8 --top-k 3`); their
@@ -78,7 +87,7 @@ class R1SearcherSettings:
     T: int = setting(10, ge=1)
     k: int = setting(5, ge=1)
     step_max_tokens: int = setting(512, ge=1)
-    force_answer: bool = True
+    force_answer: bool = setting(False, metadata={"departure": "forced answer"})
 
     def __post_init__(self) -> None:
         check_ranges(self)
@@ -86,7 +95,8 @@ class R1SearcherSettings:
 
 def clean_query(text: str) -> str:
     """A query as the authors send it: quotes and "..." removed, tabs (their keyword separator) made
-    spaces, then stripped."""
+    spaces; then stripped (they send it unstripped: the retrievers here read its words, so only the
+    trace's record of it differs)."""
     return text.replace('"', "").replace("'", "").replace("\t", " ").replace("...", "").strip()
 
 
@@ -97,26 +107,31 @@ def format_documents(hits: Sequence[Hit]) -> str:
     return "".join(DOCUMENT.format(n=i, title=h.passage.title, text=h.passage.text) for i, h in enumerate(hits, 1))
 
 
-def read_step(out: Completion) -> tuple[str, str]:
-    """(action, content) of one reply, as the authors' loop reads it: an answer when the reply holds
-    `<answer>` and stopped at `</answer>` (the text after the last `<answer>`); a search when it holds
-    the query marker and stopped at the query's end (the cleaned text after the last opening marker);
-    otherwise, or for an empty query or answer, ("invalid", "")."""
+def read_step(out: Completion) -> tuple[str, str, str]:
+    """(action, content, stop reason) of one reply, as the authors' loop reads it
+    (`eval_search_loacl.py`, lines 215-260): an answer when the reply holds `<answer>` and stopped at
+    `</answer>` (the text after the last `<answer>`, even empty: "finished"); a search when it holds
+    the query marker and stopped at the query's end (the text after the last opening marker, cleaned;
+    a query is empty, "query_inst_error", only when nothing at all is left: spaces are a query, as
+    their `if query` reads it); otherwise ("invalid", "", "shot_down"). The stop reason of a search
+    is ""."""
     stopped = out.stop if out.finish_reason == "stop" else None
     if stopped == ANSWER_CLOSE and ANSWER_OPEN in out.text:
-        answer = out.text.split(ANSWER_OPEN)[-1].strip()
-        return ("answer", answer) if answer else ("invalid", "")
+        return "answer", out.text.split(ANSWER_OPEN)[-1].strip(), FINISHED
     if stopped == END_QUERY and BEGIN_QUERY in out.text:
-        query = clean_query(out.text.split(BEGIN_QUERY)[-1])
-        return ("search", query) if query else ("invalid", "")
-    return "invalid", ""
+        query = out.text.split(BEGIN_QUERY)[-1]
+        cleaned = query.replace('"', "").replace("'", "").replace("\t", " ").replace("...", "")
+        return ("search", clean_query(query), "") if cleaned else ("invalid", "", QUERY_ERROR)
+    return "invalid", "", SHOT_DOWN
 
 
 class R1Searcher:
     """R1-Searcher: one raw prompt continued, documents injected after each query."""
 
     name = "r1-searcher"
-    revision = 1
+    # 2: the authors' last turn (dropped, "I don't know."; force_answer off), their no-answer text and query
+    # check, an empty answer an answer, and the stop reason in the trace
+    revision = 2
 
     def __init__(self, settings: R1SearcherSettings = R1SearcherSettings()):
         self.settings = settings
@@ -134,13 +149,16 @@ class R1Searcher:
             if forced:
                 answer = re.split(re.escape(ANSWER_CLOSE), out.text)[0].strip()
                 yield Note("agent-step", "answer" if answer else "invalid", signals)
+                yield Note("stop-reason", FORCED, (("step", float(t)),))
                 return answer
-            action, content = read_step(out)
+            action, content, reason = read_step(out)
             yield Note("agent-step", action, signals)
-            if t == s.T - 1:  # the authors' turn limit: the last generation is discarded
-                return ""
+            if t == s.T - 1:  # the authors' turn limit: the last generation is dropped
+                yield Note("stop-reason", MANY_RETRIEVE, (("step", float(t)),))
+                return NO_ANSWER
             if action != "search":
-                return content
+                yield Note("stop-reason", reason, (("step", float(t)),))
+                return content if action == "answer" else NO_ANSWER
             hits = list((yield Search(content, s.k)))
             text += out.text.strip() + DOCUMENTS_BLOCK.format(documents=format_documents(hits))
-        return ""
+        return NO_ANSWER  # T = 0 cannot be set: every episode returns above

@@ -5,12 +5,16 @@ finds a method here by name, so a method from elsewhere runs through them exactl
 from __future__ import annotations
 
 import importlib
+import logging
+import re
 from collections.abc import Mapping
 from importlib import metadata
 from typing import Any
 
 from metarag.errors import ConfigError, close_matches
 from metarag.settings import override
+
+log = logging.getLogger(__name__)
 
 # name: (module, method class, settings class)
 METHODS: dict[str, tuple[str, str, str]] = {
@@ -52,18 +56,39 @@ ENTRY_POINT_GROUP = "metarag.methods"
 _REGISTERED: dict[str, tuple[type, type]] = {}  # register_method's, and entry points once loaded
 
 
+# A method's name starts its run folders' names (runs/<method>-<dataset>-<model>-<id>): lowercase
+# letters, digits, '.', '_' and '-', never a path.
+METHOD_NAME = re.compile(r"[a-z0-9][a-z0-9._-]*")
+
+
 def register_method(name: str, method: type, settings: type | None = None) -> None:
     """Make `method` runnable by name everywhere ours are: a class built from one instance of its
     frozen settings dataclass (`settings`, else the class's `settings_class`), whose instances have
     `name` and `policy(question)` (the actions of `metarag.policy.actions`), optionally `revision`
-    (hashed into run ids: bump it when a prompt or rule changes) and `components`. A name of ours is
-    refused; registering a name again replaces it (a notebook cell run twice defines the class anew)."""
+    (hashed into run ids: bump it when a prompt or rule changes) and `components`. The name is
+    `METHOD_NAME`'s; a name of ours is refused; registering a name again replaces it (a notebook cell
+    run twice defines the class anew). Each is checked here, so a mistake fails at registration."""
     import dataclasses
 
+    if not isinstance(name, str) or not METHOD_NAME.fullmatch(name):
+        raise ConfigError(f"method name {name!r}: use lowercase letters, digits, '.', '_' and '-', starting with a "
+                          "letter or digit (it starts the run folders' names)")
+    if not isinstance(method, type):
+        raise ConfigError(f"method {name!r}: give the method's class, not {type(method).__name__} instance "
+                          f"{method!r:.60}")
     settings = settings if settings is not None else getattr(method, "settings_class", None)
-    if settings is None or not dataclasses.is_dataclass(settings):
-        raise ConfigError(f"method {name!r}: give its settings dataclass (register_method(name, cls, settings) or a "
-                          "`settings_class` attribute)")
+    if settings is None or not isinstance(settings, type) or not dataclasses.is_dataclass(settings):
+        given = "" if settings is None else f" (got {type(settings).__name__} {settings!r:.60})"
+        raise ConfigError(f"method {name!r}: give its settings dataclass, the class itself (register_method(name, "
+                          f"cls, settings) or a `settings_class` attribute){given}")
+    if not settings.__dataclass_params__.frozen:
+        raise ConfigError(f"method {name!r}: its settings class {settings.__name__} must be a frozen dataclass "
+                          "(@dataclass(frozen=True)): a run's settings are one value, hashed into its id")
+    try:
+        settings()
+    except (TypeError, ValueError, ConfigError) as exc:
+        raise ConfigError(f"method {name!r}: its settings class {settings.__name__} cannot be made with its defaults "
+                          f"({type(exc).__name__}: {exc}); give every setting a default") from None
     if not callable(getattr(method, "policy", None)):
         raise ConfigError(f"method {name!r}: {method.__name__} has no policy(question) method")
     if name in METHODS:
@@ -102,15 +127,26 @@ def _load_entry_points() -> None:
         return
     _entry_points_loaded = True
     for point in metadata.entry_points(group=ENTRY_POINT_GROUP):
-        if point.name in _REGISTERED or point.name in METHODS:
+        package = point.dist.name if point.dist else "?"
+        if point.name in METHODS:
+            log.warning(f"the method {point.name!r} of package {package} ({point.value}) has the name of one of "
+                        "metarag's own methods, which runs under that name: it is not used (rename it)")
+            continue
+        if point.name in _REGISTERED:  # registered in this process, or named by a package read before
+            log.warning(f"the method {point.name!r} of package {package} ({point.value}) is not used: that name "
+                        f"already runs {_REGISTERED[point.name][0].__module__}.{_REGISTERED[point.name][0].__name__}")
             continue
         try:
             cls = point.load()
         except Exception as exc:  # noqa: BLE001  a plugin's own import error, reported with its name
             _entry_points_loaded = False
-            raise ConfigError(f"the method {point.name!r} of package {point.dist.name if point.dist else '?'} "
-                              f"({point.value}) does not load: {type(exc).__name__}: {exc}") from None
-        register_method(point.name, cls)
+            raise ConfigError(f"the method {point.name!r} of package {package} ({point.value}) does not load: "
+                              f"{type(exc).__name__}: {exc}") from None
+        try:
+            register_method(point.name, cls)
+        except ConfigError as exc:
+            _entry_points_loaded = False
+            raise ConfigError(f"package {package} ({point.value}): {exc}") from None
 
 
 def method_settings(name: str, values: Mapping[str, Any] | None = None) -> Any:

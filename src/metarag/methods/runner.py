@@ -78,6 +78,14 @@ class Sampling:
         return replace(decoding, temperature=self.temperature, top_p=self.top_p, seed=request_seed(self.seed, n))
 
 
+def question_seed(run_seed: int, question_id: str) -> int:
+    """The rollout seed of a question in a run seeded `run_seed` whose method samples on its own
+    (a request of temperature > 0, no run-level `Sampling`): the seed the harness gives that
+    question's first sample (`evaluate.harness.sample_seed(run_seed, question_id, 0)`), 31 bits."""
+    digest = hashlib.blake2b(f"{run_seed}:{question_id}:0".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") & 0x7FFF_FFFF
+
+
 def request_seed(rollout_seed: int, n: int) -> int:
     """The seed of the n-th request of the rollout seeded `rollout_seed`: distinct across requests
     and rollouts (a hash of both, so rollout 1's first request is not rollout 0's second), the same
@@ -94,7 +102,10 @@ class Runtime:
     overrides every Ask's decoding (None: each method's own, greedy). `workers` is how many of a
     round's model requests go out at once to a back-end that does not batch (a server's slots).
     `models` holds the other LLMs that Ask / Probe actions name by spec string (`Ask.model`, e.g.
-    EvoCtx's decision model), each built on first use (`build_named_llm`) and kept for the run."""
+    EvoCtx's decision model), each built on first use (`build_named_llm`) and kept for the run.
+    `seed` is the run's (`--seed`): a request whose method asks to sample (temperature > 0, as
+    Search-o1's) in a run without `sampling` gets the seed `request_seed(question_seed(seed, question
+    id), n)`, n counting the question's requests, so such a run repeats, and resumes, as it ran."""
 
     llm: LLM
     retriever: Retriever | None = None
@@ -103,6 +114,7 @@ class Runtime:
     sampling: Sampling | None = None
     workers: int = 1
     models: dict[str, LLM] = field(default_factory=dict)
+    seed: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def llm_for(self, model: str | None) -> LLM:
@@ -282,6 +294,9 @@ def _model_round(active: list[_Rollout], runtime: Runtime) -> dict[int, tuple[li
         decoding = rollout.action.decoding
         if rollout.sampling is not None:
             decoding = rollout.sampling.decoding(decoding, rollout.asks)
+        elif decoding.temperature > 0:  # the method's own sampling, seeded by the run's seed
+            decoding = replace(decoding, seed=request_seed(question_seed(runtime.seed, rollout.question.id),
+                                                           rollout.asks))
         rollout.asks += 1
         rollout.loop.sampled |= decoding.temperature > 0  # a sampled question never stops at a fixed point
         decodings[rollout.index] = decoding

@@ -38,11 +38,13 @@ transcript or the memory, so no step starts from an earlier one's state.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Generator, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from metarag.errors import DataError
 from metarag.judges.belief import belief_probe
 from metarag.llm.base import Decoding
 from metarag.methods.fixed_point import LoopState
@@ -186,6 +188,15 @@ class BeliefAgentSettings:
     non-forced step is invalid and the forced answer a sentence; opened inside `<think>`, it closes
     the tag and writes `<answer>` or `<search>` (docs/results.md, "Training that learns on the CPU",
     measures what it changes). The prefix is prompt, not generation: training gives it no gradient.
+
+    `belief_table` (a file; empty: off) replaces the probe by a belief read from the table, at the first
+    step only: b = 2a − 1 for the question's agreement a among K sampled closed-book answers of the
+    starting model (`scripts/belief-table`, from `eval --samples K` runs). Ours, because the paper's
+    probe carries no signal at 1.5B (AUROC 0.55 against closed-book correctness, agreement 0.72:
+    docs/report.md §4). The first step is where "do I know the answer?" is a question of the model's
+    own knowledge, which closed-book agreement measures; after a search the question is whether the
+    evidence suffices, which it does not, so later steps get no belief (and the consistency reward
+    reads the first step alone). A frozen table also stays put while the policy trains.
     """
 
     T: int = setting(4, ge=1)
@@ -198,9 +209,39 @@ class BeliefAgentSettings:
     stop_at_fixed_point: bool = True
     # left out of the run id at its default, so the runs before it keep theirs
     think_prefix: bool = field(default=False, metadata={"omit_default": True})
+    belief_table: str = field(default="", metadata={"omit_default": True})
 
     def __post_init__(self) -> None:
         check_ranges(self)
+        if self.belief_table:
+            read_belief_table(self.belief_table)  # a missing or malformed table fails before any question
+
+
+def read_belief_table(path: str) -> dict[str, float]:
+    """A belief table: JSON lines {"question_id" (or "id"), "agreement" in [0, 1]}; question id -> b =
+    2 * agreement - 1. A missing file or a bad line is an error naming the file and line."""
+    import json
+    from pathlib import Path
+
+    from metarag.errors import ConfigError
+
+    file = Path(path).expanduser()
+    if not file.is_file():
+        raise ConfigError(f"belief_table {path!r} is not a file (write one with scripts/belief-table)")
+    table: dict[str, float] = {}
+    for n, line in enumerate(file.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+            qid, agreement = str(record.get("question_id", record.get("id"))), float(record["agreement"])
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise DataError(f"line {n}: not a belief record {{question_id, agreement}} ({exc})",
+                            path=str(file)) from None
+        if not 0.0 <= agreement <= 1.0:
+            raise DataError(f"line {n}: agreement {agreement} is outside [0, 1]", path=str(file))
+        table[qid] = 2.0 * agreement - 1.0
+    return table
 
 
 # -------------------------------------------------------------------------------------- agents
@@ -236,7 +277,15 @@ class _Episode:
                     self._restore(states[fixed.ends_as + 1])  # ends_as < t: that state is on the list
                     t = s.T - 1
                     continue
-            if s.probe:
+            table = self._belief_table()
+            if table is not None:
+                if t == 0:  # the table's belief is the question's, read at the first step alone
+                    if question.id not in table:
+                        raise DataError(f"question {question.id!r} is not in the belief table "
+                                        f"{getattr(s, 'belief_table', '')!r}")
+                    b = table[question.id]
+                    yield Note("belief", "yes" if b >= 0 else "no", (("step", 0.0), ("b", b), ("table", 1.0)))
+            elif s.probe:
                 belief = yield from belief_probe(self._context(question, t))
                 signals = (("step", float(t)), ("b", belief.b)) + ((("fallback", 1.0),) if belief.fallback else ())
                 yield Note("belief", "yes" if belief.answerable else "no", signals)
@@ -272,6 +321,11 @@ class _Episode:
             content = clean_answer(content) or content
         return _Step(action, content, reason, reply)
 
+    def _belief_table(self) -> dict[str, float] | None:
+        """The belief table of the settings (read once per process and path), None without one."""
+        path = getattr(self.settings, "belief_table", "")
+        return _cached_table(path) if path else None
+
     def _candidate(self, question: Question, t: int, forced: bool) -> Generator[Any, Any, str | None]:
         return None
         yield  # a generator that yields nothing: search-r1 proposes no candidate
@@ -288,6 +342,11 @@ class _Episode:
     def _context(self, question: Question, t: int) -> str: ...
     def _prompt(self, question: Question, t: int, forced: bool, candidate: str | None) -> tuple[Message, ...]: ...
     def _remember(self, t: int, step: _Step, hits: list[Hit]) -> Generator[Any, Any, None]: ...
+
+
+@functools.lru_cache(maxsize=8)
+def _cached_table(path: str) -> dict[str, float]:
+    return read_belief_table(path)
 
 
 class SearchR1:

@@ -8,10 +8,14 @@ enter the chain as they are: a separate call (the Reason-in-Documents step, Gene
 "reason-in-documents", then `Decide("reason-in-documents", "found"|"none", {step})`) reads the
 previous reasoning, the query and the documents, and only what follows its `**Final Information**`
 line is injected, between `<|begin_search_result|>` and `<|end_search_result|>`. A reply without a
-complete query ends the episode (the authors' "finished"); its answer is the last `\\boxed{...}` of
-the chain. The paper runs a large reasoning model (QwQ-32B-Preview); the loop is prompt-only and
-runs on any instruction model, which follows the markers less reliably. The chain grows at every
-step, so no loop state repeats and the shared fixed-point rule has nothing to detect.
+complete query ends the episode (the authors' "finished"); so does the turn limit, after the last
+turn's search, if it made one, has run. The answer is the last `\\boxed{...}` of the chain, read
+as the authors read it (`boxed_answer`). Both calls sample, as the script does (temperature 0.7,
+top-p 0.8, top-k 20; Reason-in-Documents with repetition penalty 1.05), seeded by the run's seed
+(`methods.runner.question_seed`). The paper runs a large reasoning model (QwQ-32B-Preview); the loop
+is prompt-only and runs on any instruction model, which follows the markers less reliably. The
+chain grows at every step, so no loop state repeats and the shared fixed-point rule has nothing to
+detect.
 
 Prompts and rules follow the authors' release (github.com/sunnynexus/Search-o1):
 `scripts/prompts.py` (`get_multiqa_search_o1_instruction`, `get_singleqa_search_o1_instruction`,
@@ -21,7 +25,8 @@ digest, the max-turn stop) and `scripts/evaluate.py` (`extract_answer`: the boxe
 "infogen" extraction), in our words and their shape. Per step, in trace order (the contract of
 `policy/agent_trace.py`): the step's generation (Generate "agent-step"), `Decide("agent-step",
 "search"|"answer"|"invalid", {step, forced, refused})`, and for an executed search its Retrieve step
-and the Reason-in-Documents step.
+and the Reason-in-Documents step; last, why the episode ended, `Decide("stop-reason",
+"finished"|"max-turn"|"forced")`.
 """
 from __future__ import annotations
 
@@ -142,6 +147,8 @@ REPEAT_NOTE = f"\n{BEGIN_RESULT}\nYou have already searched this query. Use the 
 # the last turn, when the answer is forced: the reply starts inside the box
 FORCE_NOTE = "\n\nI can search no more, so I give the final answer now: "
 FORCE_PREFIX = "\\boxed{"
+# why an episode ended: the authors' "finished" (a reply without a query), their turn limit, ours
+FINISHED, MAX_TURN, FORCED = "finished", "max-turn", "forced"
 
 
 # ------------------------------------------------------------------------------------ settings
@@ -157,33 +164,52 @@ class SearchO1Settings:
     multi-hop example, which the script uses for HotpotQA, MuSiQue, 2Wiki and Bamboogle ("single":
     its NQ / TriviaQA example). `task` "default": the script's task line for a model that is not
     QwQ ("qwq": the shorter one it gives QwQ; a setting, never guessed from the model's name).
-    `force_answer`: the last turn starts the reply inside `\\boxed{` so the episode ends with an
-    answer (ours: the script just stops at the turn limit, and an unfinished chain has no answer;
-    off reproduces that). The previous reasoning reaches Reason-in-Documents digested as the script
-    digests it (`reasoning_digest`). `strict_markers` off (ours): a Reason-in-Documents reply that
-    opens with its `**Final Information**` (or `**Modified Reasoning Steps**`) line counts as marked;
-    the authors' `extract_answer` finds a marker only after a newline, which their reasoning model
-    always writes after its thinking, but an instruction model opens its reply with the marker, and
-    the strict check then hands the chain "No helpful information found." for every search (the
-    1.5B: all 4 condensed results of its first 5 questions thrown away, 3 of them naming the answer); on reproduces
-    the authors' check. The script's sampling (temperature 0.7, top-p 0.8, top-k 20,
-    repetition penalty 1.05) is the run's choice here, as for every method."""
+    Sampling, as the script's `SamplingParams`: `temperature` 0.7, `top_p` 0.8, `top_k` 20 for
+    both calls; `repetition_penalty` 1.0 for the reasoning chain (the script's for a model that is
+    not QwQ; 1.05 for QwQ, lines 210-212) and `rid_repetition_penalty` 1.05 for Reason-in-Documents
+    (fixed in `generate_webpage_to_reasonchain_batch`). `greedy` (ours, off): both calls decode
+    greedily, the penalties kept. The previous reasoning reaches Reason-in-Documents digested as the
+    script digests it (`reasoning_digest`). `force_answer` (ours, off): the last turn starts the
+    reply inside `\\boxed{` so the episode ends with an answer; the script stops after its 15th
+    generation, and an unfinished chain keeps whatever box it holds. `strict_markers` off (ours):
+    a Reason-in-Documents reply that opens with its `**Final Information**` (or `**Modified
+    Reasoning Steps**`) line counts as marked; the authors' `extract_answer` finds a marker only
+    after a newline, which their reasoning model always writes after its thinking, but an
+    instruction model opens its reply with the marker, and the strict check then hands the chain
+    "No helpful information found." for every search (the 1.5B: all 4 condensed results of its
+    first 5 questions thrown away, 3 of them naming the answer); on reproduces the authors' check.
+    `greedy` and `force_answer` on are named in a report's row (their field's "departure" label)."""
 
     T: int = setting(15, ge=1)
     max_searches: int = setting(10, ge=0)
     k: int = setting(10, ge=1)
     step_max_tokens: int = setting(8192, ge=1)
     max_doc_chars: int = setting(3000, ge=1)
+    temperature: float = setting(0.7, gt=0)
+    top_p: float = setting(0.8, gt=0, le=1)
+    top_k: int = setting(20, ge=0)
+    repetition_penalty: float = setting(1.0, gt=0)
+    rid_repetition_penalty: float = setting(1.05, gt=0)
     instruction: Literal["multi", "single"] = "multi"
     task: Literal["default", "qwq"] = "default"
-    force_answer: bool = True
+    greedy: bool = setting(False, metadata={"departure": "greedy"})
+    force_answer: bool = setting(False, metadata={"departure": "forced answer"})
     strict_markers: bool = False
 
     def __post_init__(self) -> None:
         check_ranges(self)
 
+    def decoding(self, max_tokens: int, penalty: float, **fields: Any) -> Decoding:
+        """The decoding of one call: the script's sampling, or greedy with `greedy`."""
+        sampling = {} if self.greedy else {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k}
+        return Decoding(max_tokens=max_tokens, repetition_penalty=penalty, **sampling, **fields)
+
 
 # ------------------------------------------------------------------------------------- reading
+_BOXED = re.compile(r"\\boxed\{(.*)\}")
+_TEXT = re.compile(r"\\text\{(.*)\}")
+
+
 def last_between(text: str, start: str, end: str) -> str | None:
     """The last span between `start` and `end` in `text`, stripped (None without one)."""
     found = re.findall(re.escape(start) + r"(.*?)" + re.escape(end), text, flags=re.S)
@@ -191,29 +217,23 @@ def last_between(text: str, start: str, end: str) -> str | None:
 
 
 def boxed_answer(text: str) -> str:
-    """The answer in the last `\\boxed{...}` of a chain (braces balanced; an unclosed box runs to the
-    end of its line), with a `\\text{...}` inside unwrapped and parentheses around it stripped, as the
-    authors' `extract_answer` in "qa" mode; "" without a box."""
-    at = text.rfind("\\boxed{")
-    if at < 0:
+    """The answer of a chain as the authors' `extract_answer` reads it in "qa" mode
+    (`scripts/evaluate.py`, lines 31-42): of the matches of the pattern "boxed{(.*)}" (within a line,
+    greedy to the line's last "}") the last; inside it the last `\\text{...}` if any; parentheses stripped
+    from its ends. A box not closed on its line is no match; "" without a box."""
+    found = _BOXED.findall(text)
+    if not found:
         return ""
-    start = at + len("\\boxed{")
-    depth, end = 1, None
-    for i in range(start, len(text)):
-        if text[i] == "{":
-            depth += 1
-        elif text[i] == "}":
-            depth -= 1
-            if depth == 0:
-                end = i
-                break
-        elif text[i] == "\n":
-            break
-    inner = text[start:end] if end is not None else text[start:].split("\n", 1)[0]
-    wrapped = re.findall(r"\\text\{(.*)\}", inner)
-    if wrapped:
-        inner = wrapped[-1]
-    return inner.strip().strip("()").strip()
+    inner = found[-1]
+    wrapped = _TEXT.findall(inner)
+    return (wrapped[-1] if wrapped else inner).strip("()")
+
+
+def forced_answer(text: str) -> str:
+    """The answer of a forced last turn, whose reply starts inside `\\boxed{` and stops at the first
+    "}" (ours): its first line, an opening `\\text{` dropped, parentheses and spaces stripped."""
+    line = text.split("\n", 1)[0].strip()
+    return line.removeprefix("\\text{").strip().strip("()").strip()
 
 
 def final_information(reply: str, strict: bool = False) -> str:
@@ -261,7 +281,9 @@ class SearchO1:
     """Search-o1: one growing reasoning chain that reads each search's documents condensed first."""
 
     name = "search-o1"
-    revision = 2  # 2: a Reason-in-Documents reply that opens with its marker counts (strict_markers off)
+    # 2: a Reason-in-Documents reply that opens with its marker counts (strict_markers off); 3: the authors'
+    # sampling, boxed-answer reader and free last turn (force_answer off), and the stop reason in the trace
+    revision = 3
 
     def __init__(self, settings: SearchO1Settings = SearchO1Settings()):
         self.settings = settings
@@ -278,11 +300,13 @@ class SearchO1:
             opened = chain + (FORCE_NOTE + FORCE_PREFIX if forced else "")
             prompt = (user, Message("assistant", opened)) if opened else (user,)
             stop = ("}",) if forced else (END_QUERY,)
-            out = yield Ask("agent-step", prompt, Decoding(max_tokens=s.step_max_tokens, stop=stop, logprobs=1))
+            out = yield Ask("agent-step", prompt, s.decoding(s.step_max_tokens, s.repetition_penalty, stop=stop,
+                                                             logprobs=1))
             signals = (("step", float(t)), ("forced", float(forced)))
             if forced:
-                answer = boxed_answer(FORCE_PREFIX + out.text + "}")
+                answer = forced_answer(out.text)
                 yield Note("agent-step", "answer" if answer else "invalid", signals)
+                yield Note("stop-reason", FORCED, (("step", float(t)),))
                 return answer
             reply = out.text + (END_QUERY if out.finish_reason == "stop" and out.stop == END_QUERY else "")
             chain += reply
@@ -290,6 +314,7 @@ class SearchO1:
             if not query or not chain.rstrip().endswith(END_QUERY):
                 answer = boxed_answer(chain)
                 yield Note("agent-step", "answer" if answer else "invalid", signals)
+                yield Note("stop-reason", FINISHED, (("step", float(t)),))
                 return answer
             if searches >= s.max_searches or query in executed:
                 yield Note("agent-step", "search", signals + (("refused", 1.0),))
@@ -302,6 +327,9 @@ class SearchO1:
             info = yield from reason_in_documents(chain, query, hits, s)
             yield Note("reason-in-documents", "none" if info == NO_INFORMATION else "found", (("step", float(t)),))
             chain += RESULT_BLOCK.format(info=info)
+        # the script's turn limit (`run_search_o1.py` lines 683-685): the last turn's search has run, and
+        # the chain, unfinished, answers with whatever box it holds
+        yield Note("stop-reason", MAX_TURN, (("step", float(s.T - 1)),))
         return boxed_answer(chain)
 
 
@@ -310,6 +338,6 @@ def reason_in_documents(chain: str, query: str, hits: Sequence[Hit],
     """The Reason-in-Documents step: the condensed information of one search's documents."""
     prompt = REASON_IN_DOCUMENTS.format(prev_reasoning=reasoning_digest(chain), search_query=query,
                                         document=format_pages(hits, settings.max_doc_chars))
-    out = yield Ask("reason-in-documents", (Message("user", prompt),), Decoding(max_tokens=settings.step_max_tokens))
+    out = yield Ask("reason-in-documents", (Message("user", prompt),),
+                    settings.decoding(settings.step_max_tokens, settings.rid_repetition_penalty))
     return final_information(out.text, settings.strict_markers)
-

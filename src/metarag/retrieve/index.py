@@ -14,6 +14,7 @@ retrievers keep recent answers in an `LRUCache` (`store.py`).
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -94,12 +95,15 @@ def open_dense(passages: Sequence[Passage], index_dir: str | os.PathLike[str] | 
     The encoder id is the start of the sha256 of its weights, so indexes of different encoders
     live side by side. `index_dir` None means `default_index_dir(passages)`. The index is exact
     (FAISS flat) up to `settings.ann_threshold` passages and approximate (`settings.ann`) beyond.
-    A build encodes in chunks saved as they finish, so an interrupted build resumes where it
-    stopped. `build` False never builds: a missing or mismatched index raises DataError naming
-    what differs (another corpus, another encoder, other settings).
+    `settings` None: the index already built there for this corpus with the default encoder, as it
+    was built (an IVF-PQ or HNSW index of `metarag index build --dense-index`, with its saved search
+    settings), else `DenseSettings()`. A build encodes in chunks saved as they finish, so an
+    interrupted build resumes where it stopped. `build` False never builds: a missing or mismatched
+    index raises DataError naming what differs (another corpus, another encoder, other settings).
     """
     from metarag.retrieve.dense import DenseRetriever, DenseSettings, encoder_path, index_fields
 
+    given = settings
     settings = DenseSettings() if settings is None else settings
     corpus_sha = corpus_fingerprint(passages)
     target = Path(index_dir) if index_dir is not None else _default_dir(corpus_sha)
@@ -113,6 +117,9 @@ def open_dense(passages: Sequence[Passage], index_dir: str | os.PathLike[str] | 
                 "encoder": encoder}
     name = f"dense-{encoder['sha256'][:12]}"
     folder = target / name
+    if given is None:  # no settings asked for: the index built here for this corpus, as it was built
+        settings = _built_dense_settings(folder, expected) or settings
+        expected["settings"] = index_fields(settings, len(passages))
     if not build and _read_fingerprint(folder) is None:
         raise DataError(_no_dense_index(target, identity), path=str(target))
     # Embedding chunks of this corpus and encoder survive an interrupted build, and only that.
@@ -129,6 +136,22 @@ def open_dense(passages: Sequence[Passage], index_dir: str | os.PathLike[str] | 
     # The index is in place (built or reused): its embedding chunks are no longer needed.
     shutil.rmtree(resume_dir, ignore_errors=True)
     return retriever
+
+
+def _built_dense_settings(folder: Path, expected: dict[str, Any]) -> DenseSettings | None:
+    """The settings the complete dense index in `folder` was built with (its encoder left to the
+    default, which `folder` is named after), when it indexes the corpus and format `expected` names;
+    else None."""
+    from metarag.retrieve.dense import DenseSettings
+
+    stored = _read_fingerprint(folder)
+    if stored is None or any(stored.get(key) != expected[key] for key in ("format", "corpus_sha256", "passages",
+                                                                           "encoder")):
+        return None
+    try:
+        return dataclasses.replace(_settings(DenseSettings, folder), encoder=None)
+    except (DataError, ConfigError):  # unreadable, or written by another version: build as asked
+        return None
 
 
 def open_hybrid(passages: Sequence[Passage], index_dir: str | os.PathLike[str] | None = None,

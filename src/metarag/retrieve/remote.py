@@ -61,7 +61,7 @@ class RemoteRetriever:
         return cached_search(self.cache, queries, k, excluded, lambda missing: self._retrieve(missing, k, excluded))
 
     def health(self) -> dict[str, Any]:
-        """The service's `GET /health` answer (retriever name, passage count)."""
+        """The service's `GET /health` answer (retriever name, passage count, corpus fingerprint)."""
         answer = self._call("GET", "/health", None)
         if not isinstance(answer, dict):
             raise BackendError(f"retrieval service at {self.url}: /health answered {answer!r}")
@@ -71,6 +71,12 @@ class RemoteRetriever:
         """Fail in seconds when the service is down or hung, before a run spends minutes of retries
         per question: one `GET /health`, no retry, at most `timeout_s`."""
         self._call("GET", "/health", None, attempts=1, timeout_s=min(timeout_s, self.timeout_s))
+
+    def corpus_fingerprint(self) -> str | None:
+        """The fingerprint of the corpus the service searches (`data.corpus.corpus_fingerprint`), as its
+        /health reports it; None from a service that does not (an older metarag's, another server)."""
+        reported = self.health().get("corpus_fingerprint")
+        return reported if isinstance(reported, str) and reported else None
 
     def limits(self) -> dict[str, int]:
         """The service's request limits (its `/health` answer's, asked once; the service's defaults

@@ -7,9 +7,10 @@ and Search-R1's (`search_r1/search/retrieval_server.py`, which verl's search too
 trainers call): `document: {id, contents}` with `score` beside it, as it answers `return_scores:
 true`, and `contents` at the top as it answers without scores. `contents` is the passage's title
 and text joined by a newline, the FlashRAG / Search-R1 corpus field their clients split back into
-title and text. `GET /health` says which retriever and how many passages. `retrieve/remote.py` is
-our client. Requests arriving together are searched as one batch; `ServiceSettings` holds the
-batching and the limits on what one request may ask.
+title and text. `GET /health` says which retriever, how many passages and which corpus (its
+fingerprint, so a client over another corpus refuses it). `retrieve/remote.py` is our client.
+Requests arriving together are searched as one batch; `ServiceSettings` holds the batching and the
+limits on what one request may ask.
 """
 # No `from __future__ import annotations` here: FastAPI reads the endpoint's annotations at runtime,
 # and they name classes imported inside `make_app`.
@@ -19,13 +20,14 @@ import logging
 import socket
 import threading
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
+from metarag.data.corpus import corpus_fingerprint
 from metarag.errors import BackendError, ConfigError, DataError, MetaRAGError, MissingDependency
-from metarag.records import Hit
+from metarag.records import Hit, Passage
 from metarag.retrieve.base import Retriever
 from metarag.retrieve.fusion import batch_search
 from metarag.settings import check_ranges, setting
@@ -137,13 +139,19 @@ def _hit_json(hit: Hit) -> dict[str, Any]:
             "contents": contents, "document": {"id": hit.passage.id, "contents": contents}}
 
 
-def passage_count(retriever: Retriever) -> int | None:
-    """How many passages `retriever` searches, where it says (fused ones: their first retriever's)."""
+def searched_passages(retriever: Retriever) -> Sequence[Passage] | None:
+    """The passages `retriever` searches, where it says (fused ones: their first retriever's)."""
     passages = getattr(retriever, "passages", None)
     if passages is not None:
-        return len(passages)
+        return passages
     inner = getattr(retriever, "retrievers", None)
-    return passage_count(inner[0]) if inner else None
+    return searched_passages(inner[0]) if inner else None
+
+
+def passage_count(retriever: Retriever) -> int | None:
+    """How many passages `retriever` searches, where it says."""
+    passages = searched_passages(retriever)
+    return None if passages is None else len(passages)
 
 
 def _import_server() -> tuple[ModuleType, ModuleType]:
@@ -243,7 +251,11 @@ def make_app(retriever: Retriever, settings: ServiceSettings = LIMITS) -> Any:
     from fastapi.responses import JSONResponse, Response
 
     app = fastapi.FastAPI(title="metarag retrieval service", docs_url=None, redoc_url=None, openapi_url=None)
-    count = passage_count(retriever)
+    passages = searched_passages(retriever)
+    count = None if passages is None else len(passages)
+    # which corpus is served, by content (`data.corpus.corpus_fingerprint`, as a run's settings hold it),
+    # so an evaluation over another corpus is refused instead of searching this one
+    fingerprint = None if passages is None else corpus_fingerprint(passages)
     batcher = _Batcher(retriever, settings)
     limits = {"max_topk": settings.max_topk, "max_queries": settings.max_queries,
               "max_query_chars": settings.max_query_chars, "max_hits": settings.max_hits}
@@ -251,7 +263,7 @@ def make_app(retriever: Retriever, settings: ServiceSettings = LIMITS) -> Any:
     @app.get("/health")
     async def health() -> dict[str, Any]:
         # the limits too, so a client splits a batch over them instead of being refused (remote.py)
-        return {"status": "ok", "retriever": retriever.name, "passages": count,
+        return {"status": "ok", "retriever": retriever.name, "passages": count, "corpus_fingerprint": fingerprint,
                 "limits": {**limits, "max_body_bytes": settings.max_body_bytes}}
 
     @app.post("/retrieve")

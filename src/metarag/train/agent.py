@@ -7,7 +7,7 @@ own rewards (`--method r1-searcher --reward r1-searcher-stage1`, then `--reward 
 
 Rollouts are the evaluation policy: TRL's `rollout_func` hook runs the agent's own policy through
 `methods/runner.run_many` on the transformers back-end wrapping the trainer's live model
-(`HFLLM.from_model`, through TRL's `unwrap_model_for_generation`) or on TRL's vLLM engine
+(`HFLLM.from_model`, whole on every process: `whole_for_rollouts`) or on TRL's vLLM engine
 (`llm/vllm.py`), sampled (temperature 1.0, a seed per rollout and process), G rollouts per question,
 the belief probe on at every decision step. Each finished trace is laid out as one training row with a
 mask (`rollout_sample`): the first step's prompt is the prompt; the completion is every step's
@@ -36,6 +36,7 @@ import dataclasses
 import hashlib
 import json
 import math
+import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -83,8 +84,10 @@ class AgentTrainSettings:
     mixed precision; Adam's update at lr 1e-6 is below bf16's resolution for most weights, so pure
     "bf16" weights would not move); on the CPU "fp32". "bf16" is kept as a setting for the test that
     shows it does not train. `vllm` "off": rollouts generate with the transformers back-end;
-    "colocate" / "server" generate through TRL's vLLM (the server at `vllm_server_url`), with
-    `vllm_gpu_memory_utilization` of each GPU for a colocated engine (TRL's default 0.3).
+    "colocate" / "server" generate through TRL's vLLM (the server at `vllm_server_url`, which must run
+    with `--logprobs-mode processed_logprobs`: refused otherwise), with `vllm_gpu_memory_utilization`
+    of each GPU for a colocated engine (TRL's default 0.3; it loads the policy from a safetensors model
+    folder, so a GGUF `--llm` is refused).
     `time_budget_s` 0: no limit; else training stops (and saves) after that many seconds, measured on
     the main process and broadcast, so every process stops after the same step. A budget stop is a
     pause, not the run's end: its checkpoint holds no `merged/` copy (with `merged_checkpoints`
@@ -165,6 +168,9 @@ class AgentTrainSettings:
     seed: int = 0
     scale_rewards: Literal["none", "batch", "group"] = "none"
     probe_weights: Literal["policy", "frozen"] = "policy"
+    # belief-agent's `belief_table` (methods/search_agent.py): the first step's belief from closed-book
+    # agreement instead of the probe; left out of the saved settings when off
+    belief_table: str = dataclasses.field(default="", metadata={"omit_default": True})
     # belief-agent's `think_prefix` (methods/search_agent.py says why), off as in the paper; left out of
     # the saved settings at its default
     think_prefix: bool = dataclasses.field(default=False, metadata={"omit_default": True})
@@ -174,6 +180,8 @@ class AgentTrainSettings:
         if self.method not in AGENT_METHODS:
             raise ConfigError(f"train-agent trains {' or '.join(AGENT_METHODS)}, not {self.method!r}"
                               f"{close_matches(self.method, AGENT_METHODS)}")
+        if self.belief_table and self.method != "belief-agent":
+            raise ConfigError(f"belief_table is belief-agent's setting; {self.method} reads its belief from the probe")
         if self.think_prefix and self.method != "belief-agent":
             raise ConfigError(f"think_prefix is belief-agent's setting; {self.method} keeps its own reply opening")
         from metarag.train.rewards import reward_function
@@ -190,7 +198,8 @@ class AgentTrainSettings:
         turns = self.max_turns + 1 if self.method in _FINAL_TURN_AFTER else self.max_turns
         probe = {"probe": True} if self.method in _PROBED else {}
         think = {"think_prefix": True} if self.think_prefix else {}
-        return {"T": turns, "k": self.top_k, "step_max_tokens": self.step_max_tokens, **probe, **think}
+        table = {"belief_table": self.belief_table} if self.belief_table else {}
+        return {"T": turns, "k": self.top_k, "step_max_tokens": self.step_max_tokens, **probe, **think, **table}
 
     def resolved_packed_passes(self, on_gpu: bool, processes: int = 1) -> str:
         """What "auto" means here: one masked pass a batch on a GPU or across processes, a pass a segment
@@ -525,6 +534,84 @@ def frozen_linears_as(model: Any, dtype: str):
             setattr(module, name, tensor)
 
 
+@contextlib.contextmanager
+def fsdp2_unsharded(module: Any):
+    """Inside, every FSDP2 unit of `module` holds its full parameters, gathered once on entry (one
+    all-gather a unit, in the same order on every process) and kept through every forward (no reshard
+    after each), then sharded again on leaving. Rollouts call the model a different number of times on
+    each process (each samples its own rollouts: other lengths, turns and probes), and a sharded unit
+    all-gathers its parameters at every call, a collective every process must join: without this, a
+    process waits on a gather no other process makes. Under the accelerate configuration's bf16 mixed
+    precision the gathered parameters are bf16 (FSDP2's `param_dtype`), 2 bytes a parameter on every GPU
+    while the rollouts run. A module without FSDP2 units is left as it is. (TRL's
+    `unwrap_model_for_generation` gathers under DeepSpeed ZeRO-3 only; its `summon_full_params` does
+    nothing under FSDP2: trl/distributed.py.)"""
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # a torch without FSDP2
+        yield module
+        return
+    units = [m for m in module.modules() if isinstance(m, FSDPModule)]
+    if not units:
+        yield module
+        return
+    states = [unit._get_fsdp_state() for unit in units]
+    states[0]._lazy_init()  # the root settles which unit reshards after forward before any forward has run
+    # what each unit does after a forward, restored on leaving (FSDP2 keeps it per parameter group)
+    saved = [(state._auto_reshard_after_forward, [group.post_forward_mesh_info for group in state._fsdp_param_groups])
+             for state in states]
+    for unit in units:
+        unit.unshard()
+    for unit in units:
+        unit.set_reshard_after_forward(False, recurse=False)
+    try:
+        yield module
+    finally:
+        for state, (auto, infos) in zip(states, saved):
+            state._auto_reshard_after_forward = auto
+            for group, info in zip(state._fsdp_param_groups, infos):
+                group.post_forward_mesh_info = info
+        for unit in units:
+            unit.reshard()
+
+
+@contextlib.contextmanager
+def whole_for_rollouts(trainer: Any, reference: bool = False):
+    """The trainer's policy, whole on every process, for a step's rollouts (and with `reference` the
+    KL reference model too, which the frozen belief probe reads): FSDP2 units gathered for the whole
+    rollout phase (`fsdp2_unsharded`), DeepSpeed ZeRO-3 through TRL's `unwrap_model_for_generation`
+    (which also turns gradient checkpointing off for generation). Yields the policy as generation
+    takes it. FSDP version 1 and a ZeRO-3 reference model are refused before training (`check_sharding`)."""
+    from trl.models.utils import unwrap_model_for_generation
+
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(fsdp2_unsharded(trainer.model_wrapped))
+        ref = getattr(trainer, "ref_model", None)
+        if reference and ref is not None:
+            stack.enter_context(fsdp2_unsharded(ref))
+        yield stack.enter_context(unwrap_model_for_generation(
+            trainer.model_wrapped, trainer.accelerator,
+            gather_deepspeed3_params=trainer.args.ds3_gather_for_generation))
+
+
+def check_sharding(trainer: Any, settings: AgentTrainSettings, lora: bool) -> None:
+    """Refuse what the rollouts cannot run whole on every process: FSDP version 1 (its
+    `summon_full_params` refuses a forward inside it, and outside it every call gathers: the
+    processes' different call counts would hang), a ZeRO-3 policy not gathered for generation, and
+    the frozen belief probe on a ZeRO-3 reference model (nothing gathers it). The same on every process."""
+    from trl.distributed import DistributedBackend
+
+    backend = DistributedBackend(trainer.accelerator)
+    if backend.fsdp_version == 1:
+        raise ConfigError("FSDP version 1 cannot give the rollouts the whole model: set fsdp_version: 2 "
+                          "(configs/accelerate/8gpu-fsdp.yaml)")
+    if backend.is_zero3 and not trainer.args.ds3_gather_for_generation:
+        raise ConfigError("DeepSpeed ZeRO-3 rollouts need the policy gathered (ds3_gather_for_generation)")
+    if backend.is_zero3 and settings.probe_weights == "frozen" and not lora:
+        raise ConfigError("probe_weights 'frozen' reads the KL reference model, which DeepSpeed ZeRO-3 shards and "
+                          "nothing gathers for the rollouts: train with LoRA, or under FSDP2")
+
+
 class _PerRollout:
     """The agent with its own settings per rollout (belief-agent's random candidate is seeded from
     the rollout seed, so the G rollouts of a question draw different candidates): `policy` dispatches
@@ -582,8 +669,9 @@ class AgentRollouts:
     model and returns the sequences, masks, log-probs, position ids and each rollout's `Reward`
     (`rollout_reward`, read by the reward columns; None for a rollout whose back-end failed, which
     TRL then leaves out of its group's baseline). `last` keeps the step's traces, samples and rewards
-    (tests, logs). The model generates through TRL's `unwrap_model_for_generation` (the whole model
-    gathered under ZeRO-3 / FSDP), or through TRL's vLLM engine when the trainer has one."""
+    (tests, logs). The model generates whole on every process (`whole_for_rollouts`: FSDP2 units
+    gathered once for the step's rollouts, ZeRO-3 through TRL's `unwrap_model_for_generation`), or
+    through TRL's vLLM engine when the trainer has one (the probes still read the gathered policy)."""
 
     def __init__(self, questions: Sequence[Question], retriever: Any, settings: AgentTrainSettings,
                  reward_settings: Any = None, identity: str = "train-agent", judge_settings: Any = None):
@@ -611,12 +699,11 @@ class AgentRollouts:
         self.rollout_log: Path | None = None  # OUT/rollouts.jsonl when training writes one (train_agent)
 
     def __call__(self, prompts: Sequence[Any], trainer: Any) -> dict[str, list]:
-        from trl.models.utils import unwrap_model_for_generation
-
         step = int(trainer.state.global_step)
         process = int(trainer.accelerator.process_index)
-        with unwrap_model_for_generation(trainer.model_wrapped, trainer.accelerator,
-                                         gather_deepspeed3_params=trainer.args.ds3_gather_for_generation) as model:
+        frozen_reference = self.settings.probe_weights == "frozen" and not hasattr(
+            trainer.accelerator.unwrap_model(trainer.model_wrapped), "disable_adapter")
+        with whole_for_rollouts(trainer, reference=frozen_reference) as model:
             llm = None
             if getattr(trainer, "use_vllm", False):  # vLLM samples; the policy tokenizes and probes
                 from metarag.llm.vllm import VLLMRollouts
@@ -937,14 +1024,18 @@ def step_packed_trainer(trl: Any) -> type:
     class StepPackedGRPOTrainer(trl.GRPOTrainer):
         """(see `step_packed_trainer`) The reference model of full fine-tuning with a KL term is a
         frozen copy of the policy as it starts, not a model TRL re-loads from the policy's config
-        path (which an in-memory model, or one read from a GGUF file, does not have)."""
+        path (which an in-memory model, or one read from a GGUF file, does not have); there is none at
+        KL 0 (TRL's rule too). Under FSDP2 the copy is the policy's architecture on the meta device
+        (`meta_reference`), given the main process's starting weights as TRL shards it: no process
+        holds a second full copy in host memory."""
 
         def __init__(self, *args, model: Any = None, peft_config: Any = None, **kwargs):
             from trl.trainer import grpo_trainer
 
             needs_reference = peft_config is None and float(getattr(kwargs.get("args"), "beta", 0.0)) != 0.0 \
                 and not hasattr(model, "peft_config")
-            snapshot = copy.deepcopy(model) if needs_reference else None
+            sharded = needs_reference and fsdp2_launch()
+            snapshot = (meta_reference(model) if sharded else copy.deepcopy(model)) if needs_reference else None
             load = grpo_trainer.create_model_from_path
 
             def reference(model_id: str, **init: Any) -> Any:
@@ -956,6 +1047,11 @@ def step_packed_trainer(trl: Any) -> type:
                 super().__init__(*args, model=model, peft_config=peft_config, **kwargs)
             finally:
                 grpo_trainer.create_model_from_path = load
+            if sharded and self.ref_model is not None:  # sharded on the meta device: the starting weights now
+                from accelerate.utils.fsdp_utils import fsdp2_load_full_state_dict
+
+                fsdp2_load_full_state_dict(self.accelerator, self.ref_model,
+                                           model.state_dict() if self.accelerator.is_main_process else {})
             self.add_callback(_SamplerEpoch(self))
 
         def _get_train_sampler(self, dataset: Any = None) -> Any:
@@ -1318,10 +1414,17 @@ def train_agent(questions: Sequence[Question], retriever: Any, model: Any, token
 
     if settings.attn_implementation and hasattr(model, "set_attn_implementation"):
         model.set_attn_implementation(settings.attn_implementation)  # the rollouts ask for no attention weights
+    if settings.vllm == "colocate":  # before TRL builds the engine from the model's folder
+        from metarag.llm.vllm import check_colocated_model
+
+        check_colocated_model(getattr(model, "name_or_path", None))
     rollouts.rollout_log = out / ROLLOUT_LOG
     trainer = step_packed_trainer(trl)(model=model, reward_funcs=funcs, args=config, train_dataset=data,
                                        processing_class=tokenizer, peft_config=peft_config, rollout_func=rollouts,
                                        callbacks=[_Logs(), *callbacks])
+    check_sharding(trainer, settings, lora)
+    if settings.vllm == "server":
+        _check_vllm_server(trainer, settings.vllm_server_url, processes)
     trainer.packed_passes = packed_passes
     # under bf16 autocast in one CPU process, a row's passes use bf16 copies of the frozen weights made
     # once (autocast would cast them at every forward, and again when checkpointing recomputes one)
@@ -1345,6 +1448,27 @@ def train_agent(questions: Sequence[Question], retriever: Any, model: Any, token
     rollouts.trainer = trainer  # type: ignore[attr-defined]  # for tests and the caller's inspection
     return TrainReport(out, done, None if paused else final / MERGED, tuple(log),
                        paused_at=final if paused else None, steps_planned=settings.steps)
+
+
+def _check_vllm_server(trainer: Any, url: str, processes: int) -> None:
+    """Refuse a vLLM server whose log-probs are not the sampled distribution's (`llm.vllm.check_server_logprobs`):
+    the main process asks it (TRL's client lives there) and every process raises the same error."""
+    from metarag.llm.vllm import check_server_logprobs
+
+    verdict: list[str | None] = [None]
+    if trainer.accelerator.is_main_process:
+        try:
+            check_server_logprobs(trainer.vllm_generation.vllm_client.get_server_info(), url)
+        except ConfigError as exc:
+            verdict = [str(exc)]
+        except Exception as exc:  # unreachable, or without the development endpoints TRL syncs weights through
+            verdict = [f"cannot read the vLLM server's configuration at {url}: {str(exc).splitlines()[0][:200]}"]
+    if processes > 1:
+        from accelerate.utils import broadcast_object_list
+
+        broadcast_object_list(verdict, from_process=0)
+    if verdict[0]:
+        raise ConfigError(verdict[0])
 
 
 def _save_checkpoint(folder: Path, trainer: Any, tokenizer: Any, manifest: dict[str, Any],
@@ -1586,6 +1710,59 @@ def measure_signal(questions: Sequence[Question], retriever: Any, model: Any, to
                         sum(outcomes) / len(outcomes) if outcomes else math.nan, path)
 
 
+# ------------------------------------------------------------------------------------- loading
+def fsdp2_launch() -> bool:
+    """Whether this process was started by `accelerate launch` under FSDP2 (the environment its launcher
+    writes from the configuration, e.g. configs/accelerate/8gpu-fsdp.yaml)."""
+    env = os.environ
+    return env.get("ACCELERATE_USE_FSDP", "false").lower() == "true" and env.get("FSDP_VERSION", "1") == "2"
+
+
+def rank0_loading() -> bool:
+    """Whether only the main process needs the weights: FSDP2 with `cpu_ram_efficient_loading`, where
+    accelerate shards the model on the meta device and sends the main process's weights into the shards
+    (`accelerate.utils.fsdp_utils.fsdp2_prepare_model`)."""
+    return fsdp2_launch() and os.environ.get("FSDP_CPU_RAM_EFFICIENT_LOADING", "false").lower() == "true"
+
+
+def load_base(hf_settings: Any, state: Any, training: bool = True) -> tuple[Any, Any, str, str | None]:
+    """The base model to train, its tokenizer, identity and weights sha256, loaded once the process group
+    exists (`state`, accelerate's `PartialState`): for `training` under FSDP2's rank-0 loading
+    (`rank0_loading`) only the main process reads the weights, every other holds the architecture on the
+    meta device (`llm.hf.meta_model`) and is sent the identity; otherwise (one process, DDP, where every
+    process needs the whole model, or rollouts without a trainer) each process loads it."""
+    from metarag.llm.hf import HFLLM, meta_model
+
+    if training and state.num_processes > 1 and not state.is_main_process and rank0_loading():
+        model, tokenizer = meta_model(hf_settings)
+        identity, sha = None, None
+    else:
+        base = HFLLM(hf_settings)
+        model, tokenizer, identity, sha = trainable(base.model), base.tokenizer, base.identity, base.model_sha256
+    if state.num_processes > 1:
+        from accelerate.utils import broadcast_object_list
+
+        names = [identity, sha]
+        broadcast_object_list(names, from_process=0)
+        identity, sha = names
+    return model, tokenizer, str(identity), sha
+
+
+def meta_reference(model: Any) -> Any:
+    """The policy's architecture with its parameters on the meta device (its non-persistent buffers, the
+    rotary frequencies, computed: FSDP2 sends only the state dict), in its dtype and attention: the KL
+    reference model TRL shards under FSDP2 before the main process's starting weights are sent into it
+    (`StepPackedGRPOTrainer`), instead of a full copy in every process's host memory."""
+    from accelerate import init_empty_weights
+    from transformers import AutoModelForCausalLM
+
+    with init_empty_weights(include_buffers=False):
+        reference = AutoModelForCausalLM.from_config(model.config, dtype=model.dtype,
+                                                     attn_implementation=model.config._attn_implementation)
+    reference.tie_weights()  # as the policy's: the same parameter names
+    return reference
+
+
 def run_training(dataset_spec: Any, llm_spec: Any, out_dir: str | Path, settings: AgentTrainSettings, *,
                  retriever: str = "bm25", allow_any: bool = False, dry_run: bool = False,
                  reward_settings: Any = None, judge_settings: Any = None,
@@ -1596,7 +1773,6 @@ def run_training(dataset_spec: Any, llm_spec: Any, out_dir: str | Path, settings
     it and return the plan (device, precision, LoRA, batch, folders) without loading the model.
     `signal_questions` N: instead of training, `measure_signal` on the first N questions."""
     from metarag.evaluate.harness import load_questions
-    from metarag.llm.hf import HFLLM
     from metarag.llm.registry import BACKENDS, backend_settings, check_spec
     from metarag.pipeline import open_retriever
 
@@ -1616,20 +1792,28 @@ def run_training(dataset_spec: Any, llm_spec: Any, out_dir: str | Path, settings
     weights_dtype, _ = PRECISIONS[settings.resolved_precision(torch.cuda.is_available())]
     hf_settings = dataclasses.replace(backend_settings(llm_spec), n_ctx=settings.n_ctx, device="cpu",
                                       dtype=weights_dtype)
+    if settings.vllm == "colocate":  # before any weights load
+        from metarag.llm.vllm import check_colocated_model
+
+        check_colocated_model(hf_settings.path, what=f"--llm {llm_spec.label()}")
     if dry_run:
         if hf_settings.path and not Path(hf_settings.path).expanduser().exists():
             raise DataError("model file or folder not found", path=hf_settings.path)
         return training_plan(settings, llm_spec.label(), dataset, out_dir)
-    base = HFLLM(hf_settings)
-    provenance = {"base_model": base.identity, "base_model_sha256": base.model_sha256,
+    from accelerate import PartialState
+
+    # the launcher's process group before any weights load: which process reads them depends on it (load_base)
+    model, tokenizer, identity, sha = load_base(hf_settings, PartialState(cpu=not torch.cuda.is_available()),
+                                                training=not signal_questions)
+    provenance = {"base_model": identity, "base_model_sha256": sha,
                   "data": {"name": dataset.name, "path": dataset.path, "questions": len(dataset.questions),
                            "limit": dataset_spec.limit, "sample_seed": dataset_spec.seed},
                   "data_sha256": dataset.sha256, "retriever": retriever}
     search = open_retriever(dataset.passages, retriever)
     if signal_questions:  # measure the training set's signal with the untrained model, and stop
-        return measure_signal(dataset.questions, search, trainable(base.model), base.tokenizer, out_dir, settings,
-                              signal_questions, reward_settings)
-    return train_agent(dataset.questions, search, trainable(base.model), base.tokenizer, out_dir, settings,
+        return measure_signal(dataset.questions, search, model, tokenizer, out_dir, settings, signal_questions,
+                              reward_settings)
+    return train_agent(dataset.questions, search, model, tokenizer, out_dir, settings,
                        provenance=provenance, reward_settings=reward_settings, judge_settings=judge_settings)
 
 

@@ -14,13 +14,12 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-import string
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from metarag.errors import ConfigError, DataError, close_matches
-from metarag.metrics import exact_match, normalize_answer, token_f1
+from metarag.metrics import exact_match, normalize_answer, r1_normalize, r1_searcher_accuracy, token_f1
 from metarag.policy.agent_trace import (
     ANSWER,
     INVALID,
@@ -50,7 +49,9 @@ class RewardSettings:
     `format_weight` λ_f = 0.2 and `process_weight` λ_p = 0.4 are HiPRAG's (Wu et al., 2025a: its
     trainer's `structure_format_score` default and the process bonus's 0.4 in `qa_em_format.py`).
     `r1_format_penalty` 2 is R1-Searcher's stage-2 format penalty (Song et al., 2025, §2.2; its README
-    and `train/reward_server_qwen_zero.py`; the Llama server of stage 2 takes 1). `refine_weight` 0.1
+    and `train/reward_server_qwen_zero.py`; the Llama server of stage 2 takes 1). `r1_stage1_answer`:
+    stage 1 adds ±1 for the answer's cover match, as its released server does (off: the paper's text,
+    which names only the retrieval and format halves). `refine_weight` 0.1
     is AutoRefine's retrieval reward for a wrong answer whose refine holds the gold (Shi et al.,
     2025, §3.2; `refine_score` in its `cmd/train.sh`). `outcome` "em" is the papers' R_outcome (EM of the
     final answer); "f1" its token F1, for the outcome-only and belief rewards (a denser signal where EM
@@ -68,6 +69,7 @@ class RewardSettings:
     format_weight: float = setting(0.2, ge=0, le=1)
     process_weight: float = setting(0.4, ge=0)
     r1_format_penalty: float = setting(2.0, ge=0)
+    r1_stage1_answer: bool = setting(True)
     refine_weight: float = setting(0.1, ge=0)
 
     def __post_init__(self) -> None:
@@ -155,21 +157,21 @@ def consistency_reward(steps: Sequence[AgentStep], margin: float = 0.0, credit: 
     for an OPTIMAL step and 0 for over-search, under-search, the margin zone and an invalid step
     (a decision step at which the model took no valid action). `credit` "over-only" credits only the
     OPTIMAL steps that guard against over-search (b > m and ANSWER), "under-only" only those against
-    under-search (b < −m and SEARCH): the paper's two single-sided ablations. 0 for no steps. Every
-    step needs its belief score: a run without the probe cannot be rewarded for consistency."""
+    under-search (b < −m and SEARCH): the paper's two single-sided ablations. 0 for no steps. With the
+    probe every step has its belief score; a belief table (belief-agent's `belief_table`) gives the
+    first step alone one, and then the sum runs over the steps that have one. A trajectory without
+    any belief cannot be rewarded for consistency."""
     if credit not in _CREDITED:
         raise ConfigError(f"unknown consistency credit {credit!r}{close_matches(credit, _CREDITED)}")
     check_margin(margin)
     if not steps:
         return 0.0
+    believed = [s for s in steps if s.belief is not None]
+    if not believed:
+        raise DataError("the trajectory has no belief score: the consistency reward needs the belief probe at "
+                        "every decision step (--set probe=true) or a belief table (--set belief_table=FILE)")
     credited = _CREDITED[credit]
-    total = 0
-    for s in steps:
-        if s.belief is None:
-            raise DataError(f"agent step {s.step} has no belief score: the consistency reward needs the belief "
-                            "probe at every decision step (--set probe=true)")
-        total += credited(s, diagnose(s.belief, s.action, margin))
-    return total / len(steps)
+    return sum(credited(s, diagnose(s.belief, s.action, margin)) for s in believed) / len(believed)
 
 
 def total_reward(outcome: float, consistency: float, weight: float = 0.1, *, gated: bool = True) -> float:
@@ -349,18 +351,6 @@ def _answer_f1(trace: Trace, golds: Sequence[str]) -> float:
     return token_f1(trace.answer, golds) if trace.answer else 0.0
 
 
-_R1_PUNCTUATION = re.compile("[" + re.escape(string.punctuation + "‘’´`") + "]")
-_R1_ARTICLES = re.compile(r"\b(a|an|the)\b")
-
-
-def r1_normalize(text: str) -> str:
-    """An answer as R1-Searcher's reward servers normalize it (`normalize_answer`, `bool_mapping`):
-    "True" / "False" read as yes / no, underscores and punctuation (typographic quotes too) made
-    spaces — not dropped, as SQuAD's —, lowercased, articles dropped, whitespace collapsed."""
-    text = {"True": "yes", "False": "no"}.get(text, text).replace("_", " ").lower()
-    return " ".join(_R1_ARTICLES.sub(" ", _R1_PUNCTUATION.sub(" ", text)).split())
-
-
 def r1_answer_f1(answer: str | None, golds: Sequence[str]) -> float:
     """R1-Searcher's answer reward: token F1 on `r1_normalize`d text, 0 when one side is yes / no /
     noanswer and the other differs; the best over the gold aliases (its servers score one gold);
@@ -389,15 +379,22 @@ def _check_golds(golds: Sequence[str]) -> None:
 
 def r1_searcher_stage1_reward(trace: Trace, golds: Sequence[str],
                               settings: RewardSettings = RewardSettings()) -> Reward:
-    """R1-Searcher's stage 1 (Song et al., 2025, §2.2): learn to search. R = 0.5·R_retrieval + 0.5·R_format,
-    R_retrieval = 1 when the solution searched with its markers in order (`r1_searcher_format`'s
-    `retrieval`), R_format = 1 when its think / answer tags are right (`tags`); the answer is not
-    rewarded (its F1 is logged as the outcome). The paper's rule; the released Llama server of stage 1
-    adds ±1 on the answer's cover match, which is left out here."""
+    """R1-Searcher's stage 1 (Song et al., 2025, §2.2): learn to search, as its released server scores
+    it (`train/reward_server_llama_stage1.py`, lines 155-198): R = R_answer + 0.5·R_retrieval +
+    0.5·R_format. R_answer = +1 when the solution holds `<answer>` and `</answer>` and its answer (the
+    text after the last `<answer>`, stripped) covers a gold answer's tokens (`metrics.
+    r1_searcher_accuracy`), else −1; R_retrieval = 1 when the solution searched with its markers in
+    order (`r1_searcher_format`'s `retrieval`), R_format = 1 when its think / answer tags are right
+    (`tags`). `RewardSettings.r1_stage1_answer` off drops R_answer, the rule as the paper's text
+    states it; the answer's F1 is logged as the outcome either way."""
     _check_golds(golds)
     solution, steps = r1_solution(trace), agent_steps(trace)
     checks = r1_searcher_format(solution)
     total = 0.5 * checks["retrieval"] + 0.5 * checks["tags"]
+    if settings.r1_stage1_answer:
+        answered = "<answer>" in solution and "</answer>" in solution
+        prediction = solution.split("<answer>")[-1].split("</answer>")[0].strip()
+        total += 1.0 if answered and r1_searcher_accuracy(prediction, golds) else -1.0
     return Reward(total, r1_answer_f1(trace.answer, golds), **_counts(steps), retrieval=float(checks["retrieval"]))
 
 

@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from metarag.errors import BackendError, MissingDependency
+from metarag.errors import BackendError, ConfigError, MissingDependency
 from metarag.view.loading import RunView, clean_json, expand_paths, read_step, runs_table
 
 STATIC = Path(__file__).resolve().parent / "static"
@@ -317,7 +317,13 @@ def url_of(host: str, sock: socket.socket) -> str:
 
 def serve(paths: Sequence[str | Path], host: str = "127.0.0.1", port: int = 8100, *,
           on_listening: Callable[[str, Viewer], None] | None = None) -> None:
-    """Serve the page over `paths` until interrupted; `on_listening(url, viewer)` once the socket is bound."""
+    """Serve the page over `paths` until interrupted; `on_listening(url, viewer)` once the socket is bound.
+    A path that does not exist is refused before anything is served (a typo would otherwise leave a page
+    saying so running); a folder that exists but is still empty (a run starting) is served."""
+    for path in paths:
+        if not Path(path).exists():
+            raise ConfigError(f"{path}: no such folder (metarag view takes run folders, runs/<run-id>, or a folder "
+                              "of them)")
     _, uvicorn = _import_server()
     app = create_app(paths)
     sock = listen(host, port)
