@@ -1,5 +1,20 @@
 """Settings as values: override a frozen settings dataclass by name from `key=value` strings, and
-hash resolved settings into run ids. Unknown names fail here, before any model is loaded."""
+hash resolved settings into run ids. Unknown names fail here, before any model is loaded.
+
+Public for methods of your own: declare each number with its range, and the range is checked at
+construction and on every `--set` / `settings=` override, as for ours:
+
+    from dataclasses import dataclass
+    from metarag.settings import check_ranges, setting
+
+    @dataclass(frozen=True)
+    class MySettings:
+        k: int = setting(5, ge=1)                  # passages a search; k=0 is refused
+        threshold: float = setting(0.4, ge=0, le=1)
+
+        def __post_init__(self) -> None:
+            check_ranges(self)
+"""
 from __future__ import annotations
 
 import dataclasses
@@ -14,6 +29,8 @@ from typing import Any, Union
 
 from metarag.errors import ConfigError, close_matches
 from metarag.records import to_plain
+
+__all__ = ["Range", "check_ranges", "override", "parse_assignments", "setting", "settings_hash"]
 
 
 def parse_assignments(items: list[str] | tuple[str, ...]) -> dict[str, str]:

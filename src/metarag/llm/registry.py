@@ -3,7 +3,8 @@
 The same spec string names the run's LLM (`--llm`), EvoCtx's `decision_llm` and any judge's model:
 `embedded` (Qwen2.5-Coder-1.5B through llama.cpp, the default), `embedded-0.5b`, `gguf:PATH`,
 `hf` (the 1.5B GGUF through transformers), `hf-0.5b`, `hf:PATH` (a GGUF file or a Hugging Face
-model folder), `openai:MODEL` or `openai:MODEL@URL`. Nothing is imported or loaded until
+model folder), `openai:MODEL` or `openai:MODEL@URL`, and `scripted:FILE` (no model: answers from a
+script file, `metarag.testing`). Nothing is imported or loaded until
 `make_llm`; an unknown name fails at start-up with the close matches.
 """
 from __future__ import annotations
@@ -39,9 +40,10 @@ BACKENDS: dict[str, Backend] = {
     "hf": Backend(*_HF, embedded="qwen2.5-coder-1.5b-instruct"),
     "hf-0.5b": Backend(*_HF, embedded="qwen2.5-coder-0.5b-instruct"),
     "openai": Backend("metarag.llm.openai_compat", "OpenAICompatLLM", "OpenAISettings", needs="model", served=True),
+    "scripted": Backend("metarag.llm.scripted", "ScriptFileLLM", "ScriptSettings", needs="path"),
 }
 # Back-ends whose spec string takes ":PATH" (`hf:PATH` is the `hf` back-end with a path).
-PATH_BACKENDS = ("gguf", "hf")
+PATH_BACKENDS = ("gguf", "hf", "scripted")
 
 
 @dataclass(frozen=True)
@@ -81,7 +83,7 @@ def parse_llm_spec(text: str, **fields: Any) -> LLMSpec:
     name, colon, rest = text.partition(":")
     if name not in BACKENDS:
         raise ConfigError(f"unknown LLM back-end {name!r}{close_matches(name, BACKENDS)}; valid: embedded, "
-                          "embedded-0.5b, gguf:PATH, hf, hf-0.5b, hf:PATH, openai:MODEL[@URL]")
+                          "embedded-0.5b, gguf:PATH, hf, hf-0.5b, hf:PATH, openai:MODEL[@URL], scripted:FILE")
     if colon:
         if not rest:
             raise ConfigError(f"LLM spec {text!r} names no {'model' if name == 'openai' else 'path'} after ':'")
@@ -104,6 +106,9 @@ def check_spec(spec: LLMSpec) -> None:
     backend = BACKENDS.get(spec.backend)
     if backend is None:
         raise ConfigError(f"unknown LLM back-end {spec.backend!r}{close_matches(spec.backend, BACKENDS)}")
+    if spec.backend == "scripted" and not spec.gguf:
+        raise ConfigError("--llm scripted answers from a script file: --llm scripted:FILE (its format: "
+                          "metarag.testing, `load_script`)")
     if backend.needs == "path" and not spec.gguf:
         raise ConfigError(f"--llm {spec.backend} needs a model path (--llm {spec.backend}:PATH, or --gguf PATH)")
     if backend.needs == "model" and not spec.model:
@@ -124,6 +129,8 @@ def backend_settings(spec: LLMSpec) -> Any:
     settings_cls = getattr(importlib.import_module(backend.module), backend.settings_cls)
     if spec.backend == "openai":
         return settings_cls(base_url=spec.base_url, model=spec.model, api_key_env=spec.api_key_env)
+    if spec.backend == "scripted":
+        return settings_cls(path=spec.gguf, n_ctx=spec.n_ctx, n_threads=spec.n_threads)
     if backend.cls == "HFLLM":
         return settings_cls(embedded=None if spec.gguf else backend.embedded, path=spec.gguf, n_ctx=spec.n_ctx,
                             n_threads=spec.n_threads)
@@ -153,7 +160,7 @@ def make_llm(spec: LLMSpec | str) -> LLM:
     settings = backend_settings(spec)
     backend = BACKENDS[spec.backend]
     llm: LLM = getattr(importlib.import_module(backend.module), backend.cls)(settings)
-    if spec.response_cache:
+    if spec.response_cache and spec.backend != "scripted":  # a script answers at once: nothing to keep
         from metarag.llm.cache import CachedLLM, ResponseCache
 
         llm = CachedLLM(llm, ResponseCache())

@@ -209,3 +209,84 @@ def render(messages: Sequence[Message]) -> str:
     if len(messages) == 1 and messages[0].role == "raw":
         return messages[0].content
     return render_continuing(messages, _render_open)
+
+
+# ------------------------------------------------------------------------------- a script file
+@dataclass(frozen=True)
+class ScriptSettings:
+    """`--llm scripted:FILE`: a scripted model whose rules come from a file (see `load_script`)."""
+
+    path: str | None = None
+    n_ctx: int = 4096
+    n_threads: int | None = None
+
+
+def load_script(path: str) -> dict:
+    """The rules of a script file, TOML (`.toml`) or JSON (anything else):
+
+        name = "paris"                      # optional: the model's identity is scripted:<name>:<sha>
+        default = "I do not know"           # optional: the answer to a prompt no rule matches
+        [[rules]]                           # tried in order: the first whose regular expression is
+        pattern = "capital of France"       # found in the prompt answers it
+        responses = ["Paris"]               # one per call, the last repeating (or response = "Paris")
+        [[labels]]                          # label probabilities for yes/no judges and probes
+        pattern = "sufficient"
+        probs = { Yes = 0.8, No = 0.2 }
+
+    A file that is missing or malformed is a ConfigError naming it and the field at fault."""
+    import hashlib
+    import json
+    from pathlib import Path
+
+    import tomllib
+
+    file = Path(path).expanduser()
+    try:
+        raw_bytes = file.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"script file {path!r}: {exc.strerror or exc}") from None
+    try:
+        raw = tomllib.loads(raw_bytes.decode()) if file.suffix == ".toml" else json.loads(raw_bytes)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"script file {path!r} does not parse: {exc}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"script file {path!r}: the top level must be a table of rules, labels and default")
+    unknown = sorted(set(raw) - {"name", "default", "rules", "labels"})
+    if unknown:
+        raise ConfigError(f"script file {path!r}: unknown field {unknown[0]!r} (fields: name, default, rules, labels)")
+    rules = []
+    for i, rule in enumerate(raw.get("rules", [])):
+        responses = rule.get("responses", [rule["response"]] if "response" in rule else None) \
+            if isinstance(rule, dict) else None
+        if not isinstance(rule, dict) or not isinstance(rule.get("pattern"), str) or not responses \
+                or not all(isinstance(r, str) for r in responses):
+            raise ConfigError(f"script file {path!r}: rules[{i}] needs a pattern and responses (a list of strings)")
+        rules.append((rule["pattern"], list(responses)))
+    labels = []
+    for i, rule in enumerate(raw.get("labels", [])):
+        probs = rule.get("probs") if isinstance(rule, dict) else None
+        if not isinstance(rule, dict) or not isinstance(rule.get("pattern"), str) or not isinstance(probs, dict) \
+                or not all(isinstance(v, (int, float)) and 0 <= v <= 1 for v in probs.values()):
+            raise ConfigError(f"script file {path!r}: labels[{i}] needs a pattern and probs (label -> 0..1)")
+        labels.append((rule["pattern"], {str(k): float(v) for k, v in probs.items()}))
+    default = raw.get("default")
+    if default is not None and not isinstance(default, str):
+        raise ConfigError(f"script file {path!r}: default must be a string")
+    name = str(raw.get("name") or file.stem)
+    return {"rules": rules, "label_rules": labels, "default": default,
+            "name": f"{name}:{hashlib.sha256(raw_bytes).hexdigest()[:12]}"}
+
+
+class ScriptFileLLM(ScriptedLLM):
+    """The back-end of `--llm scripted:FILE`: a `ScriptedLLM` whose rules a file gives, so the CLI and
+    experiment files can run any method with no model (its identity names the file's content)."""
+
+    def __init__(self, settings: ScriptSettings):
+        if not settings.path:
+            raise ConfigError("--llm scripted needs a script file (--llm scripted:FILE)")
+        script = load_script(settings.path)
+        super().__init__(script["rules"], script["label_rules"], default=script["default"], name=script["name"])
+
+    @classmethod
+    def identity_for(cls, settings: ScriptSettings) -> str:
+        return f"scripted:{load_script(settings.path or '')['name']}"
