@@ -43,6 +43,26 @@ def test_import_metarag_gives_the_public_names_lazily():
         metarag.rn  # noqa: B018
 
 
+def test_the_tutorials_scripted_block_runs_as_written(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # its run folders go to ./runs-scripted
+    namespace: dict = {}
+    exec(tutorial_blocks()[0], namespace)
+    exec(tutorial_blocks()[1], namespace)
+    assert namespace["trace"].usage.retrieval_calls == 2 and (tmp_path / "runs-scripted").is_dir()
+    with pytest.raises(ConfigError, match="'k' must be >= 1, got 0"):  # the tutorial's ranges are enforced
+        metarag.run("checked-rag", "demo", limit=1, settings={"k": 0}, llm_instance=namespace["llm"])
+
+
+@pytest.mark.embedded
+def test_the_tutorials_embedded_block_runs(tmp_path, monkeypatch):
+    pytest.importorskip("llama_cpp")
+    monkeypatch.setenv("METARAG_RUNS", str(tmp_path / "runs"))
+    namespace: dict = {}
+    exec(tutorial_blocks()[0], namespace)
+    exec(tutorial_blocks()[2], namespace)
+    assert "| checked-rag |" in namespace["base"].table(namespace["mine"])
+
+
 def test_the_tutorials_method_runs_in_process_beside_standard_rag(tmp_path):
     namespace: dict = {}
     exec(tutorial_blocks()[0], namespace)  # defines CheckedRAG and registers it as "checked-rag"
