@@ -58,11 +58,12 @@ def main() -> None:
     import torch
 
     from metarag.evaluate.harness import DatasetSpec, load_questions
+    from metarag.evaluate.training_curves import read_log
     from metarag.llm.hf import HFLLM
     from metarag.llm.registry import backend_settings, parse_llm_spec
     from metarag.pipeline import open_retriever
     from metarag.settings import parse_assignments
-    from metarag.train.agent import read_log, train_agent, trainable, training_settings
+    from metarag.train.agent import train_agent, trainable, training_settings
 
     torch.set_num_threads(args.threads)
     fp32, bf16 = matmul_seconds(torch, False), matmul_seconds(torch, True)

@@ -302,7 +302,8 @@ def test_one_spec_string_names_every_back_end():
         parse_llm_spec("embedded:x")
     with pytest.raises(ConfigError, match="takes none"):
         parse_llm_spec("embedded", gguf="/m/x.gguf")
-    assert set(BACKENDS) == {"embedded", "embedded-0.5b", "gguf", "hf", "hf-0.5b", "openai"}
+    assert set(BACKENDS) == {"embedded", "embedded-0.5b", "gguf", "hf", "hf-0.5b", "openai", "scripted"}
+    assert parse_llm_spec("scripted:rules.toml").label() == "scripted:rules.toml"
 
 
 def test_spec_strings_resolve_to_settings_without_loading_anything():

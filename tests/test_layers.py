@@ -10,7 +10,7 @@ from pathlib import Path
 
 import metarag
 
-FLOORS = (("errors", "records", "parsing", "paths", "settings", "metrics"),
+FLOORS = (("errors", "records", "parsing", "paths", "settings", "metrics", "provenance"),
           ("data", "llm", "retrieve"),
           ("policy",),
           ("judges", "rerank"),
@@ -18,7 +18,7 @@ FLOORS = (("errors", "records", "parsing", "paths", "settings", "metrics"),
           ("pipeline", "doctor"),
           ("evaluate",),
           ("train",),
-          ("api", "view", "display", "cli"))
+          ("api", "view", "display", "cli", "testing"))
 PACKAGE = Path(metarag.__file__).parent
 
 

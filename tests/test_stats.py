@@ -195,7 +195,7 @@ def test_mean_shift_is_the_difference_of_means_with_a_bootstrap_interval():
 
 def test_reward_trend_reads_the_first_and_last_window_of_a_run():
     from metarag.errors import DataError
-    from metarag.train.agent import reward_trend
+    from metarag.evaluate.training_curves import reward_trend
 
     log = [{"step": i, "rewards/reward/mean": 0.0 if i <= 20 else 0.5} for i in range(1, 41)]
     trend = reward_trend(log)

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from metarag.errors import ConfigError
+from metarag.evaluate.training_curves import plot_curves, read_log
 from metarag.llm.scripted import ScriptedLLM
 from metarag.methods.registry import build_method
 from metarag.methods.runner import Runtime, Sampling, run_many
@@ -33,8 +34,6 @@ from metarag.train.agent import (
     AgentRollouts,
     AgentTrainSettings,
     check_training_split,
-    plot_curves,
-    read_log,
     rollout_sample,
     step_generations,
 )
@@ -311,7 +310,8 @@ def test_a_resumed_run_draws_the_questions_of_an_uninterrupted_one(tiny, tmp_pat
     question, as an uninterrupted run does; TRL's own sampler started epoch 1's order again."""
     import copy
 
-    from metarag.train.agent import read_rollouts, train_agent, training_order
+    from metarag.evaluate.training_curves import read_rollouts
+    from metarag.train.agent import train_agent, training_order
 
     base, tokenizer = tiny
     order = training_order(len(QUESTIONS), 0, 1, 5)
@@ -409,7 +409,7 @@ def test_training_curves_overlay_several_runs(tmp_path, capsys):
     """Several runs (a run beside its retry): each panel's lines per run, named by run, the 10-step
     means past 20 points; a figure of them needs a file, and the command says so."""
     from metarag.cli import main
-    from metarag.train.agent import training_curves
+    from metarag.evaluate.training_curves import training_curves
 
     first, retry = tmp_path / "first-log.jsonl", tmp_path / "retry"
     first.write_text("\n".join(json.dumps({"step": n, "rewards/outcome/mean": 0.2, "searches": 1.0})
@@ -439,7 +439,7 @@ def test_training_curves_overlay_several_runs(tmp_path, capsys):
 def test_run_labels_tell_same_named_runs_apart(tmp_path):
     """Two runs' folders of one name get their parents in front (each its own lines in a figure);
     a run given twice is numbered; distinct names stay as they are."""
-    from metarag.train.agent import run_labels, training_curves
+    from metarag.evaluate.training_curves import run_labels, training_curves
 
     assert run_labels(["x/first-log.jsonl", "y/retry"]) == ["first", "retry"]
     assert run_labels(["a/q4/run", "b/q4/run", "c"]) == ["a/q4/run", "b/q4/run", "c"]
@@ -675,12 +675,12 @@ def test_each_belief_agent_step_is_trained_on_the_context_it_was_sampled_from(ti
 
     import torch
 
-    from metarag.train import agent
+    from metarag.train.agent import training
 
     base, tokenizer = tiny
     records = []  # (ids, mask, logits_to_keep, per-token log-probs) of every loss pass
     head_rows, projected = [], []  # positions per call of TRL's fused LM head; their sum per loss pass
-    real = agent.step_packed_trainer
+    real = training.step_packed_trainer
 
     def spying(trl):
         class Spy(real(trl)):
@@ -701,7 +701,7 @@ def test_each_belief_agent_step_is_trained_on_the_context_it_was_sampled_from(ti
                 return out
         return Spy
 
-    monkeypatch.setattr(agent, "step_packed_trainer", spying)
+    monkeypatch.setattr(training, "step_packed_trainer", spying)  # where train_agent looks it up
     from trl.trainer import utils as trl_utils
 
     fused = trl_utils._ChunkedLogProbFunction
@@ -716,8 +716,8 @@ def test_each_belief_agent_step_is_trained_on_the_context_it_was_sampled_from(ti
     settings = AgentTrainSettings(method="belief-agent", reward="belief", packed_passes=passes,
                                   **{**TINY, "group_size": 3})
     rollouts = _SpreadRewards(QUESTIONS, MemoryRetriever(PASSAGES), settings)
-    agent.train_agent(QUESTIONS, MemoryRetriever(PASSAGES), copy.deepcopy(base), tokenizer, tmp_path, settings,
-                      rollouts=rollouts)
+    training.train_agent(QUESTIONS, MemoryRetriever(PASSAGES), copy.deepcopy(base), tokenizer, tmp_path, settings,
+                         rollouts=rollouts)
     assert rollouts.trainer.packed_passes == passes
     samples, traces = rollouts.last["samples"], rollouts.last["traces"]
     assert any(s.packed for s in samples)  # the tiny model's first step is invalid: a second, rebuilt prompt
@@ -943,7 +943,8 @@ def test_a_run_resumes_after_a_reward_setting_is_added_at_its_default_not_after_
     import json
 
     from metarag.errors import ConfigError
-    from metarag.train.agent import MANIFEST, TRAINER_DIR, _check_resumable
+    from metarag.train.agent import MANIFEST, TRAINER_DIR
+    from metarag.train.agent.checkpoints import _check_resumable
     from metarag.train.rewards import RewardSettings
 
     now = {"method": "belief-agent", "reward": "belief", "reward_settings": dataclasses.asdict(RewardSettings())}
@@ -965,7 +966,8 @@ def test_think_prefix_reaches_the_rollouts_agent_and_a_run_resumes_only_with_the
     import json
 
     from metarag.errors import ConfigError
-    from metarag.train.agent import MANIFEST, TRAINER_DIR, _check_resumable, recipe_settings
+    from metarag.train.agent import MANIFEST, TRAINER_DIR, recipe_settings
+    from metarag.train.agent.checkpoints import _check_resumable
 
     s = recipe_settings("cpu", think_prefix=True)
     assert build_method("belief-agent", s.method_overrides()).settings.think_prefix is True
@@ -1066,7 +1068,8 @@ def test_the_frozen_probe_reads_the_starting_weights_however_the_policy_moves(ti
 
 
 def test_an_old_run_resumes_only_with_the_scaling_and_probe_it_had(tmp_path):
-    from metarag.train.agent import TRAINER_DIR, _check_resumable
+    from metarag.train.agent import TRAINER_DIR
+    from metarag.train.agent.checkpoints import _check_resumable
 
     checkpoint = tmp_path / TRAINER_DIR / "checkpoint-5"
     checkpoint.mkdir(parents=True)

@@ -244,7 +244,7 @@ def test_a_server_that_returns_other_log_probs_is_refused():
 
     from metarag.errors import ConfigError
     from metarag.llm.vllm import check_server_logprobs
-    from metarag.train.agent import _check_vllm_server
+    from metarag.train.agent.training import _check_vllm_server
 
     check_server_logprobs({"model_config": {"logprobs_mode": "processed_logprobs"}})
     for mode in ("raw_logprobs", "raw_logits", None):

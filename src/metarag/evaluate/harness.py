@@ -17,7 +17,6 @@ import json
 import logging
 import os
 import queue
-import subprocess
 import sys
 import threading
 from collections.abc import Callable, Mapping
@@ -34,6 +33,7 @@ from metarag.llm.registry import BACKENDS, LLMSpec, check_spec, expected_identit
 from metarag.methods.registry import CLOSED_BOOK, build_method, component_revisions, method_revision, method_settings
 from metarag.methods.runner import Method, Runtime, Sampling, check_needs, run, run_many
 from metarag.metrics import AnswerScores, score_answer, support_recall
+from metarag.provenance import git_commit as _git_commit
 from metarag.records import Question, Trace
 from metarag.settings import artifact_digests, check_ranges, setting, settings_hash, to_plain
 
@@ -643,15 +643,6 @@ def _manifest(store: RunStore, resolved: dict) -> dict:
     return {"metarag_version": __version__, "git_commit": _git_commit(), "created": _now(),
             "dataset_sha256": resolved["dataset"]["sha256"], "seed": resolved["dataset"]["seed"],
             "model_identity": None, "sessions": []}
-
-
-def _git_commit() -> str | None:
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
-                             cwd=Path(__file__).resolve().parent)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip() or None if out.returncode == 0 else None
 
 
 def _now() -> str:

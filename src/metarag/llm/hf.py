@@ -10,24 +10,21 @@ earlier request shares with it (`metarag.llm.prefix_kv`). Decoding follows the s
 `metarag.llm.base` token by token, every row of the batch at once, the next tokens picked in torch on
 the model's device (`HFSettings.sampling`), so greedy output matches the llama.cpp back-end's rules
 exactly (not necessarily its tokens: the GGUF here is dequantized to float, llama.cpp computes in its
-quantized types).
+quantized types). Its settings and model files are `metarag.llm.hf_loading`'s; the
+next-token pickers, `metarag.llm.hf_sampling`'s.
 """
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import inspect
-import math
 import threading
 import time
-from collections.abc import Collection, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from metarag.errors import BackendError, ConfigError, DataError, MissingDependency
+from metarag.errors import BackendError, ConfigError
 from metarag.llm.base import (
     Decoding,
     Internals,
@@ -35,79 +32,32 @@ from metarag.llm.base import (
     TokenIds,
     TokenStream,
     as_messages,
-    entropy_of,
     is_raw,
     label_plan,
     label_prefixes,
     label_probs,
     log_softmax,
     render_continuing,
-    sample_token,
-    top_alternatives,
 )
+from metarag.llm.hf_loading import (
+    MODEL_FILES,
+    PICKLE_SUFFIXES,
+    SAMPLING_PLACES,
+    WEIGHT_SUFFIXES,
+    HFSettings,
+    _device,
+    _dtype,
+    _resolve,
+    _torch,
+    folder_sha256,
+    meta_model,
+)
+from metarag.llm.hf_sampling import DeviceSampler, HostSampler, Picked
 from metarag.llm.prefix_kv import PrefixKV, common_prefix
 from metarag.records import Completion, LabelScores, Message, Usage
 
-WEIGHT_SUFFIXES = (".safetensors", ".gguf")
-PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt")  # loading one can run code: refused unless trust_pickle
-# the files besides the weights that change what a folder's model answers
-MODEL_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "tokenizer.model",
-               "vocab.json", "merges.txt", "special_tokens_map.json", "added_tokens.json", "chat_template.jinja",
-               "chat_template.json")
-SAMPLING_PLACES = ("device", "host")  # where decoding picks each next token (HFSettings.sampling)
-
-
-@dataclass(frozen=True)
-class HFSettings:
-    """How to load and run a model with transformers. `embedded` names an embedded GGUF
-    (`metarag.llm.models.EMBEDDED_MODELS`); `path`, a GGUF file or a Hugging Face model folder,
-    wins when given. `device` "auto" is cuda when torch sees a GPU, else cpu; `dtype` "auto" is
-    bfloat16 on a GPU and float32 on the CPU. Eager attention, so that attention weights can be
-    returned. `n_threads` None leaves torch's default. A folder's pickle weight files (.bin, .pt,
-    .pth, .ckpt) can run code when loaded: refused unless `trust_pickle`. `autocast` runs every
-    forward pass under bf16 autocast over the model's own (float32) weights: a trainer's rollouts in
-    its bf16-autocast precision (on a CPU with AVX512-BF16 a bf16 matmul is about 4x a float32 one).
-    `prefix_cache_tokens`: the key/value states of up to that many tokens of earlier requests are kept
-    (`metarag.llm.prefix_kv`), so a request that extends one (an agent's next turn, a probe of a longer
-    history) runs only its new tokens; 0 turns it off. A token of the 1.5B's states is 28 layers x 2
-    KV heads x 128 for keys and as much for values: 16,384 tokens take about 0.94 GB in float32 (and
-    about 0.7 GB under bf16 autocast, where the values are bf16 and the keys float32: Qwen2's rotary
-    tables take the hidden states' dtype), enough for every row of a training step's group (5
-    rollouts x 3 turns, their probes).
-    `sampling` "device": each decoding step picks every row's next token in torch on the model's
-    device, all rows at once, by the shared rule (`metarag.llm.base`: the uniform each draw needs comes
-    from the row's numpy generator seeded by `seed`, and the draw is the inverse-CDF search numpy's
-    `Generator.choice` makes, so a seed gives the tokens the host rule gives), and only the chosen ids,
-    their log-probs, entropies and top alternatives come back to the host; "host": the rule in numpy,
-    row by row, the whole logit rows copied to the host at every step (the reference the device path
-    is tested and benchmarked against: tests/test_hf.py, benchmarks/rollout_sampling.py)."""
-
-    embedded: str | None = "qwen2.5-coder-1.5b-instruct"
-    path: str | None = None
-    device: str = "auto"
-    dtype: str = "auto"
-    n_ctx: int = 4096
-    n_threads: int | None = None
-    attn_implementation: str = "eager"
-    trust_pickle: bool = False
-    autocast: bool = False
-    prefix_cache_tokens: int = field(default=16384, metadata={"omit_default": True})
-    sampling: str = field(default="device", metadata={"omit_default": True})
-
-    def __post_init__(self) -> None:
-        if self.prefix_cache_tokens < 0:
-            raise ConfigError(f"prefix_cache_tokens must be >= 0, not {self.prefix_cache_tokens}")
-        if self.sampling not in SAMPLING_PLACES:
-            raise ConfigError(f"sampling must be one of {', '.join(SAMPLING_PLACES)}, not {self.sampling!r}")
-
-
-def _torch():
-    try:
-        import torch
-        import transformers
-    except ModuleNotFoundError:
-        raise MissingDependency("torch and transformers", "hf") from None
-    return torch, transformers
+__all__ = ["HFLLM", "HFSettings", "MODEL_FILES", "PICKLE_SUFFIXES", "SAMPLING_PLACES", "WEIGHT_SUFFIXES",
+           "DeviceSampler", "HostSampler", "Picked", "folder_sha256", "meta_model"]
 
 
 class HFLLM:
@@ -477,242 +427,3 @@ class HFLLM:
 
     def _piece(self, token: int) -> str:
         return self.tokenizer.decode([token], skip_special_tokens=False)
-
-
-# ---------------------------------------------------------------------------------- sampling
-# What a sampler gives for each unfinished row: the token, its log-prob and the entropy of the model's
-# own (temperature 1) distribution, and its top alternatives as (id, log-prob), best first; for an
-# end-of-sequence token, which is never kept, the host sampler computes none of them.
-Picked = tuple[int, float, "float | None", tuple[tuple[int, float], ...]]
-
-
-class HostSampler:
-    """The shared rule run in numpy on the host (`metarag.llm.base.sample_token`): each step copies the
-    logit rows to the host and picks row by row."""
-
-    def __init__(self, rows: Sequence[Sequence[int]], decodings: Sequence[Decoding], rngs: Sequence[Any],
-                 eos: Collection[int]):
-        self.rows, self.decodings, self.rngs, self.eos = rows, decodings, rngs, eos
-
-    def __call__(self, logits: Any, done: Sequence[bool], outs: Sequence[Sequence[int]]) -> list[Picked | None]:
-        table = logits.float().cpu().numpy()
-        picked: list[Picked | None] = [None] * len(table)
-        for i, d in enumerate(self.decodings):
-            if done[i]:
-                continue
-            history = list(self.rows[i]) + list(outs[i]) if d.repetition_penalty != 1.0 else ()
-            token = sample_token(table[i], d, self.rngs[i], history)
-            if token in self.eos:  # ends the row, never kept: nothing more to compute
-                picked[i] = (token, 0.0, None, ())
-                continue
-            lp = log_softmax(table[i])
-            picked[i] = (token, float(lp[token]), entropy_of(lp), top_alternatives(lp, d.logprobs, int))
-        return picked
-
-
-class DeviceSampler:
-    """The shared rule run in torch on the logits' device, for every unfinished row at once: the
-    repetition penalty, greedy argmax, temperature, top-k (ties at the cut kept) and top-p as
-    `metarag.llm.base.sample_token` applies them, in float64; each sampled row's draw is the inverse-CDF
-    search numpy's `Generator.choice` makes (cumulative sum, divided by its last value, the first entry
-    above the uniform), the uniform drawn from the row's own numpy generator, so a seed gives the host
-    rule's tokens up to the rounding of the sums. Only the picked ids, log-probs, entropies and top
-    alternatives are copied back."""
-
-    def __init__(self, torch: Any, rows: Sequence[Sequence[int]], decodings: Sequence[Decoding], rngs: Sequence[Any]):
-        self.torch, self.rows, self.decodings, self.rngs = torch, rows, decodings, rngs
-        self.seen = None  # (rows, vocabulary) bool: the ids of each row's prompt and output, for the penalty
-        self.counted = [0] * len(rows)  # output tokens of each row already marked in `seen`
-
-    def __call__(self, logits: Any, done: Sequence[bool], outs: Sequence[Sequence[int]]) -> list[Picked | None]:
-        torch = self.torch
-        live = [i for i in range(len(done)) if not done[i]]
-        decodings = [self.decodings[i] for i in live]
-        where = torch.tensor(live, device=logits.device)
-        x = logits.index_select(0, where).double()
-        top, best = x.max(dim=-1, keepdim=True)  # the largest logit and its first id
-        e = torch.exp(x - top)
-        total = e.sum(dim=-1, keepdim=True)
-        p = e / total  # the model's own distribution (temperature 1), as the host rule computes it
-        lse = top + total.log()  # a token's log-prob is its logit minus this
-        entropy = lse[:, 0] - (p * x).nansum(dim=-1)  # a -inf logit has p 0: its term is 0, not nan
-        penalized = any(d.repetition_penalty != 1.0 for d in decodings)
-        z = self._penalized(x, where, live, outs) if penalized else x
-        tokens = z.max(dim=-1).indices if penalized else best[:, 0].clone()
-        hot = [j for j, d in enumerate(decodings) if d.temperature > 0]
-        if hot:
-            tokens[hot] = self._drawn(z, p, hot, decodings, [self.rngs[live[j]] for j in hot])
-        k = min(max(d.logprobs for d in decodings), x.shape[-1])
-        columns = [tokens.double()[:, None], x.gather(1, tokens[:, None]) - lse, entropy[:, None]]
-        if k:  # ids as float64 hold any vocabulary's ids exactly
-            values, ids = (top, best) if k == 1 else x.topk(k, dim=-1)
-            columns += [ids.double(), values - lse]
-        table = torch.cat(columns, dim=1).cpu().tolist()  # the one copy to the host this step
-        picked: list[Picked | None] = [None] * len(done)
-        for i, d, row in zip(live, decodings, table):
-            top_ids = tuple((int(row[3 + a]), row[3 + k + a]) for a in range(min(d.logprobs, k)))
-            picked[i] = (int(row[0]), row[1], row[2], top_ids)
-        return picked
-
-    def _penalized(self, x: Any, where: Any, live: Sequence[int], outs: Sequence[Sequence[int]]) -> Any:
-        """`x` with the repetition penalty on every id each row's prompt or output so far holds."""
-        torch = self.torch
-        if self.seen is None:
-            self.seen = torch.zeros((len(self.rows), x.shape[-1]), dtype=torch.bool, device=x.device)
-            for i, row in enumerate(self.rows):
-                self.seen[i, torch.tensor(list(row), dtype=torch.long, device=x.device)] = True
-        for i in live:
-            new = outs[i][self.counted[i]:]
-            if new:
-                self.seen[i, torch.tensor(list(new), dtype=torch.long, device=x.device)] = True
-                self.counted[i] = len(outs[i])
-        penalty = torch.tensor([self.decodings[i].repetition_penalty for i in live], dtype=x.dtype,
-                               device=x.device)[:, None]
-        seen = self.seen.index_select(0, where)
-        return torch.where(seen & (penalty != 1.0), torch.where(x > 0, x / penalty, x * penalty), x)
-
-    def _drawn(self, z: Any, p: Any, hot: Sequence[int], decodings: Sequence[Decoding], rngs: Sequence[Any]) -> Any:
-        """One token for each row `hot` of `z` (float64 logits, penalty applied), drawn with `rngs`: from
-        `p` (the distribution at temperature 1) where nothing reshapes it, else by `_distribution`."""
-        torch = self.torch
-        shaped = [a for a, j in enumerate(hot) if decodings[j].temperature != 1.0 or decodings[j].top_k
-                  or decodings[j].top_p < 1.0 or decodings[j].repetition_penalty != 1.0]
-        probs = p if not shaped and len(hot) == len(p) else p[list(hot)]
-        if shaped:
-            rows = [hot[a] for a in shaped]
-            probs[shaped] = self._distribution(z[rows], [decodings[j] for j in rows])
-        cdf = probs.cumsum(dim=-1)
-        cdf = cdf / cdf[:, -1:]
-        uniform = torch.tensor([[rng.random()] for rng in rngs], dtype=z.dtype, device=z.device)
-        return torch.searchsorted(cdf, uniform, right=True)[:, 0].clamp(max=z.shape[-1] - 1)
-
-    def _distribution(self, z: Any, decodings: Sequence[Decoding]) -> Any:
-        """The distribution each row of `z` is drawn from: softmax at its temperature over its top-k
-        (ties at the cut kept), cut to its top-p nucleus."""
-        torch = self.torch
-        vocab = z.shape[-1]
-        scaled = z / torch.tensor([d.temperature for d in decodings], dtype=z.dtype, device=z.device)[:, None]
-        cut = [j for j, d in enumerate(decodings) if 0 < d.top_k < vocab]
-        if cut:
-            ks = torch.tensor([decodings[j].top_k for j in cut], device=z.device)
-            best = scaled[cut].topk(int(ks.max()), dim=-1).values
-            kth = best.gather(1, (ks - 1)[:, None])
-            scaled[cut] = torch.where(scaled[cut] >= kth, scaled[cut], torch.full_like(scaled[cut], -math.inf))
-        p = torch.exp(scaled - scaled.max(dim=-1, keepdim=True).values)
-        p = p / p.sum(dim=-1, keepdim=True)
-        nucleus = [j for j, d in enumerate(decodings) if d.top_p < 1.0]
-        if nucleus:
-            top_p = torch.tensor([decodings[j].top_p for j in nucleus], dtype=z.dtype, device=z.device)[:, None]
-            ordered, order = p[nucleus].sort(dim=-1, descending=True, stable=True)
-            keep = (ordered.cumsum(dim=-1) < top_p).sum(dim=-1, keepdim=True) + 1
-            ordered = torch.where(torch.arange(vocab, device=z.device)[None, :] < keep, ordered,
-                                  torch.zeros_like(ordered))
-            kept = torch.zeros_like(ordered).scatter(1, order, ordered)
-            p[nucleus] = kept / kept.sum(dim=-1, keepdim=True)
-        return p
-
-
-# ----------------------------------------------------------------------------------- loading
-def meta_model(settings: HFSettings) -> tuple[Any, Any]:
-    """The model `settings` name as its architecture alone, its parameters on torch's meta device (no
-    weight read, none allocated), with its tokenizer and generation config: what a training process
-    holds whose weights the main process sends it as the model is sharded (FSDP2's rank-0 loading,
-    `metarag.train.agent.load_base`). Its parameters have the names and shapes `HFLLM` loads."""
-    torch, transformers = _torch()
-    path = _locate(settings)
-    kwargs: dict[str, Any] = {}
-    folder = path
-    if path.is_file():
-        folder, kwargs["gguf_file"] = path.parent, path.name
-    try:
-        tokenizer = transformers.AutoTokenizer.from_pretrained(str(folder), **kwargs)
-        config = transformers.AutoConfig.from_pretrained(str(folder), **kwargs)
-    except (OSError, ValueError, RuntimeError, ImportError) as exc:
-        raise BackendError(f"transformers could not read {path}: {str(exc).splitlines()[0][:300]}") from None
-    from accelerate import init_empty_weights
-
-    dtype = _dtype(torch, settings.dtype, torch.device("cpu"))
-    # parameters on the meta device; buffers (the rotary frequencies) computed on the CPU: FSDP2 sends
-    # the parameters and persistent buffers, and keeps each process's own non-persistent ones
-    with init_empty_weights(include_buffers=False):
-        model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype,
-                                                              attn_implementation=settings.attn_implementation)
-    model.tie_weights()  # from_config on the meta device leaves tied embeddings untied; the loaded model ties them
-    try:  # the end-of-turn ids the rollouts stop at, as from_pretrained reads them
-        model.generation_config = transformers.GenerationConfig.from_pretrained(str(folder))
-    except OSError:  # none in the folder (a GGUF's): the one from_pretrained derives from the config
-        pass
-    return model, tokenizer
-
-
-def _locate(settings: HFSettings) -> Path:
-    """The file or folder `settings` name (no hashing)."""
-    from metarag.llm.models import check_gguf_path, embedded_model, ensure_gguf
-
-    if settings.path:
-        path = Path(settings.path).expanduser()
-        if path.is_dir():
-            return path
-        if path.is_file():
-            return check_gguf_path(path)
-        raise DataError("model file or folder not found", path=str(path))
-    if settings.embedded:
-        return ensure_gguf(embedded_model(settings.embedded))
-    raise ConfigError("the transformers back-end needs an embedded model name or a path")
-
-
-def _resolve(settings: HFSettings) -> tuple[Path, str, str]:
-    """(path to load, display name, sha256 of the weights)."""
-    from metarag.llm.models import check_gguf_path, embedded_model, ensure_gguf, file_sha256
-
-    if settings.path:
-        path = Path(settings.path).expanduser()
-        if path.is_dir():
-            return path, path.name, folder_sha256(path, trust_pickle=settings.trust_pickle)
-        if path.is_file():
-            checked = check_gguf_path(path)
-            return checked, checked.name, file_sha256(checked)
-        raise DataError("model file or folder not found", path=str(path))
-    if settings.embedded:
-        model = embedded_model(settings.embedded)
-        return ensure_gguf(model), model.name, model.sha256
-    raise ConfigError("the transformers back-end needs an embedded model name or a path")
-
-
-def folder_sha256(folder: Path, *, trust_pickle: bool = False) -> str:
-    """One hash of a model folder's weight, config and tokenizer files (names and contents), so a
-    retrained checkpoint or a changed tokenizer in the same folder gets a new identity."""
-    from metarag.llm.models import file_sha256
-
-    suffixes = WEIGHT_SUFFIXES + (PICKLE_SUFFIXES if trust_pickle else ())
-    weights = [p for p in folder.rglob("*") if p.is_file() and p.suffix in suffixes]
-    if not weights:
-        pickles = sorted(p.name for p in folder.rglob("*") if p.is_file() and p.suffix in PICKLE_SUFFIXES)
-        if pickles:
-            raise DataError(f"only pickle weight files ({', '.join(pickles[:3])}), which can run code when loaded: "
-                            "convert them to safetensors, or set trust_pickle", path=str(folder))
-        raise DataError("no weight files (*.safetensors, *.gguf) in the model folder", path=str(folder))
-    files = sorted(weights + [p for p in folder.rglob("*") if p.is_file() and p.name in MODEL_FILES])
-    digest = hashlib.sha256()
-    for f in files:
-        digest.update(f"{f.relative_to(folder)}:{file_sha256(f)}\n".encode())
-    return digest.hexdigest()
-
-
-def _device(torch, name: str):
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        return torch.device(name)
-    except RuntimeError:
-        raise ConfigError(f"unknown torch device {name!r}") from None
-
-
-def _dtype(torch, name: str, device):
-    if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    value = getattr(torch, name, None)
-    if not isinstance(value, torch.dtype):
-        raise ConfigError(f"unknown torch dtype {name!r} (float32, bfloat16, float16)")
-    return value
-

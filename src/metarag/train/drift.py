@@ -57,7 +57,7 @@ def trace_replies(traces: Iterable[Trace], llm: Any) -> list[Reply]:
     """The decision steps of `traces` as (prompt ids, generated ids), in order. `llm` renders and
     tokenizes each step's prompt as the transformers back-end does; the generated ids are the ones the
     trace recorded (the agent asks with logprobs=1, so each token carries its id)."""
-    from metarag.train.agent import step_generations, step_prompt_ids, step_token_ids
+    from metarag.train.agent.layout import step_generations, step_prompt_ids, step_token_ids
 
     replies = []
     for trace in traces:
