@@ -447,3 +447,16 @@ def test_every_reward_setting_declares_its_range():
             RewardSettings(**{name: -0.1})
         with pytest.raises(ConfigError, match=name):
             RewardSettings(**{name: math.nan})
+
+
+def test_term_flips_counts_the_advantages_a_reward_term_turned_around():
+    from metarag.train.rewards import term_flips
+
+    # two right rollouts, one consistent (1.1) and one not (1.0), and a wrong one: without the term the
+    # two right ones tie above the mean; with it, under "none", both stay above: no flip
+    assert term_flips([([1.1, 1.0, 0.0], [1.0, 1.0, 0.0])]).flipped == 0
+    # one right and one wrong-but-penalty-free group where the term makes the difference: 0.05 vs 0.0
+    # (ungated consistency on wrong answers): the sign of both advantages appears only with the term
+    result = term_flips([([0.05, 0.0], [0.0, 0.0]), ([1.0], [1.0])])
+    assert (result.groups, result.advantages, result.flipped) == (1, 2, 1)
+    assert result.mean_change == pytest.approx(0.025)

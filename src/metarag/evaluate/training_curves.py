@@ -44,18 +44,19 @@ def read_log(out_dir: str | Path) -> list[dict[str, Any]]:
     return [by_step[s] for s in sorted(by_step)]
 
 
-def read_rollouts(run: str | Path) -> dict[int, dict[str, list[float | None]]]:
-    """Each step's rollout outcomes by question (EM of each rollout's answer, None for a failed one),
-    from a run's rollout log: RUN/rollouts.jsonl, or X-rollouts.jsonl beside a log copy X-log.jsonl;
-    {} where there is none. A step that a resumed run took again keeps its last block of records, as
-    `read_log` keeps a step's last record (a block starts again where the step number comes back, or
-    where a rollout seed repeats: seeds follow from the run's seed, the step and the rollout's place)."""
+def read_rollout_records(run: str | Path) -> dict[int, dict[str, list[dict[str, Any]]]]:
+    """Each step's rollout records by question (the rollout log's lines: answer, reward, outcome,
+    consistency, penalty ...), from a run's rollout log: RUN/rollouts.jsonl, or X-rollouts.jsonl beside
+    a log copy X-log.jsonl; {} where there is none. A step that a resumed run took again keeps its last
+    block of records, as `read_log` keeps a step's last record (a block starts again where the step
+    number comes back, or where a rollout seed repeats: seeds follow from the run's seed, the step and
+    the rollout's place)."""
     path = Path(run).expanduser()
     path = path.with_name(path.name.removesuffix("-log.jsonl") + "-rollouts.jsonl") if path.suffix == ".jsonl" \
         else path / ROLLOUT_LOG
     if not path.is_file():
         return {}
-    steps: dict[int, dict[str, list[float | None]]] = {}
+    steps: dict[int, dict[str, list[dict[str, Any]]]] = {}
     seeds: dict[int, set] = {}
     previous = None
     for n, line in enumerate(path.read_text().splitlines(), 1):
@@ -71,10 +72,16 @@ def read_rollouts(run: str | Path) -> dict[int, dict[str, list[float | None]]]:
             steps[step], seeds[step] = {}, set()
         previous = step
         seeds.setdefault(step, set()).add(seed)
-        outcome = record.get("outcome")
-        steps.setdefault(step, {}).setdefault(question, []).append(
-            float(outcome) if isinstance(outcome, (int, float)) else None)
+        steps.setdefault(step, {}).setdefault(question, []).append(record)
     return steps
+
+
+def read_rollouts(run: str | Path) -> dict[int, dict[str, list[float | None]]]:
+    """Each step's rollout outcomes by question (EM of each rollout's answer, None for a failed one),
+    as `read_rollout_records` reads the log."""
+    return {step: {q: [float(r["outcome"]) if isinstance(r.get("outcome"), (int, float)) else None for r in rs]
+                   for q, rs in groups.items()}
+            for step, groups in read_rollout_records(run).items()}
 
 
 def reward_trend(records: Sequence[dict[str, Any]], window: int = 20, key: str = "rewards/reward/mean",

@@ -484,6 +484,41 @@ def group_advantages(rewards: Sequence[float], group_size: int, scale: str = "no
     return (centred / (std + 1e-4)).tolist()
 
 
+@dataclass(frozen=True)
+class Flips:
+    """What a reward term did to GRPO's advantages over a run's groups: of `advantages` rollouts'
+    advantages, `flipped` changed sign with the term (with it against without it), and `mean_change`
+    the mean |A_with − A_without|."""
+
+    groups: int
+    advantages: int
+    flipped: int
+    mean_change: float
+
+
+def term_flips(groups: Sequence[tuple[Sequence[float], Sequence[float]]], scale: str = "none") -> Flips:
+    """`Flips` of a reward term over `groups`, each (rewards with the term, rewards without it) of one
+    group's scored rollouts, advantages as `group_advantages` forms them (groups of one rollout are
+    left out: no advantage). A sign counts as changed when one advantage is positive and the other is
+    not, or the reverse."""
+    import numpy as np
+
+    flipped = total = used = 0
+    change = 0.0
+    for with_term, without in groups:
+        if len(with_term) != len(without):
+            raise ValueError("a group's rewards with and without the term must pair up")
+        if len(with_term) < 2:
+            continue
+        used += 1
+        a = np.asarray(group_advantages(with_term, len(with_term), scale))
+        b = np.asarray(group_advantages(without, len(without), scale))
+        flipped += int(np.sum((a > 1e-12) != (b > 1e-12)))
+        total += a.size
+        change += float(np.abs(a - b).sum())
+    return Flips(used, total, flipped, change / total if total else 0.0)
+
+
 def reward_function(name: str) -> RewardFunction:
     """The reward a trainer's `--reward NAME` names; ConfigError with the close matches otherwise."""
     try:
