@@ -106,6 +106,24 @@ def test_the_kept_table_runs_resume_under_their_experiment_files(tmp_path, monke
     assert capsys.readouterr().out.strip() == str(kept / "headline" / "closed-book-hotpotqa-dev500-embedded-97d9994b54")
 
 
+def test_the_headline_standard_rag_run_keeps_its_id_from_eval_and_from_its_experiment_file(capsys):
+    """The headline tables' standard-rag run on HotpotQA, being written now, keeps its folder whichever
+    front end names it: the plain eval command and the cell of experiments/headline-study.toml."""
+    from conftest import SHARED_DATA
+
+    from metarag.evaluate.resolve import resolve
+
+    if not (SHARED_DATA / "hotpotqa").is_dir():
+        pytest.skip("needs the shared benchmark data beside the repo")
+    headline = Path(__file__).parents[1] / "docs" / "table-runs" / "headline"
+    assert main(["eval", "--method", "standard-rag", "--dataset", "hotpotqa-dev500", "--questions", "headline200",
+                 "--runs-dir", str(headline), "--print-run-dir"]) == 0
+    assert capsys.readouterr().out.strip() == str(headline / "standard-rag-hotpotqa-dev500-embedded-d81740abfb")
+    cell = eval_config(load_experiment(EXPERIMENTS / "headline-study.toml"), Row("standard-rag"), "hotpotqa-dev500",
+                       headline)
+    assert resolve(cell).folder == headline / "standard-rag-hotpotqa-dev500-embedded-d81740abfb"
+
+
 def test_a_kept_wiki_corpus_run_resumes_from_a_moved_data_folder_and_runs_nothing_again(tmp_path, monkeypatch):
     from conftest import SHARED_DATA
 

@@ -320,14 +320,14 @@ def test_exact_prefix_reuse_is_a_run_of_its_own_and_off_leaves_run_ids_alone(tmp
 
 
 def test_a_method_revision_above_one_is_hashed_into_the_run_id(tmp_path, monkeypatch):
-    from metarag.evaluate import harness
+    from metarag.evaluate import resolve
     from metarag.evaluate.harness import prepare
     from metarag.methods.iterdrag import IterDRAG
 
     cfg = config(tmp_path, method="iterdrag")
     current = prepare(cfg)
     assert current[3]["method_revision"] == IterDRAG.revision >= 2
-    monkeypatch.setattr(harness, "method_revision", lambda name: 1)
+    monkeypatch.setattr(resolve, "method_revision", lambda name: 1)
     first = prepare(cfg)
     assert "method_revision" not in first[3] and first[0].path != current[0].path
     standard = prepare(config(tmp_path))[3]

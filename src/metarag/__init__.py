@@ -34,4 +34,8 @@ def __getattr__(name: str):
         value = getattr(importlib.import_module(_LAZY[name]), name)
         globals()[name] = value
         return value
+    if name == "evaluate":  # the package; called, it names `run`, the function that evaluates
+        import importlib
+
+        return importlib.import_module("metarag.evaluate")
     raise AttributeError(f"module 'metarag' has no attribute {name!r}")

@@ -85,64 +85,58 @@ def _row(result: Any) -> dict[str, Any]:
             "completion_tokens": usage.completion_tokens, "latency_s": usage.latency_s, "error": result.error}
 
 
-def run(method: str, dataset: str | Path, *, llm: str = "embedded", retriever: str = "bm25",
-             settings: Mapping[str, Any] | None = None, limit: int | None = None, seed: int = 0,
-             corpus: str | Path | None = None, runs_dir: str | Path | None = None, progress: bool = False,
-             llm_instance: Any = None, retriever_instance: Any = None, shard: str | None = None,
-             samples: int = 1, temperature: float | None = None, top_p: float | None = None,
-             judge_llm: str | None = None, judge_prompt: str = "equivalence", judge_llm_instance: Any = None,
-             types: Sequence[str] = (), lora: str | Path | None = None, threads: int | None = None,
-             batch: int = 1, questions: str | None = None) -> Run:
-    """Evaluate `method` on `dataset` (or resume that run) and return the run. (`run`, not
-    `evaluate`: `metarag.evaluate` is the package of the harness, metrics and reports.)
+def run(method: str, dataset: str | Path, *, llm: str = "embedded", settings: Mapping[str, Any] | None = None,
+        retriever: str = "bm25", reranker: str = "none", rerank_depth: int = 20, limit: int | None = None,
+        seed: int = 0, questions: str | None = None, types: Sequence[str] = (), corpus: str | Path | None = None,
+        format: str | None = None, allow_unanswerable: bool = False, runs_dir: str | Path | None = None,
+        samples: int = 1, temperature: float | None = None, top_p: float | None = None,
+        judge_llm: str | None = None, judge_prompt: str | None = None, gguf: str | Path | None = None,
+        base_url: str | None = None, model: str | None = None, api_key_env: str | None = None,
+        threads: int | None = None, n_ctx: int | None = None, prefix_chunk: int = 0,
+        lora: str | Path | None = None, response_cache: bool = True, workers: int = 1, batch: int = 1,
+        shard: str | None = None, retry_failed: bool = False, max_consecutive_failures: int = 3,
+        wait: bool = False, progress: bool = False, llm_instance: Any = None, retriever_instance: Any = None,
+        judge_llm_instance: Any = None) -> Run:
+    """Evaluate `method` on `dataset` (or resume that run) and return the run: `metarag eval` from Python,
+    the same run folder, id and resume. (`run`, not `evaluate`: `metarag.evaluate` is the package of the
+    harness, metrics and reports.)
 
     `method`: a name of `metarag methods` (ours, an installed package's, or one `register_method`
     added). `dataset`: a preset name (`hotpotqa-dev500`, `demo` ...) or a question file (its format
-    detected; `corpus` gives its passages). `llm`: a model spec as `--llm` takes it (`embedded`,
-    `hf-0.5b`, `gguf:PATH`, `openai:MODEL@URL` ...). `settings`: the method's settings to change
-    (`{"k": 3}`). `limit`/`seed`: a seeded sample. `runs_dir`: where run folders go (default
-    `$METARAG_RUNS`, else ./runs). `llm_instance` / `retriever_instance`: objects to use instead of
-    building them from the specs (a scripted model in a test, a shared retrieval service); the run
-    id still names the specs. `shard`: "i/n", run only the i-th of n disjoint slices of the questions
-    into the same run folder as the other shards (the returned run holds every shard written so far).
-    `samples`: k sampled answers per question (`eval --samples k`; `temperature` / `top_p` default to
-    0.6 / 0.95), avg@k and pass@k in the table. `judge_llm`: judge every answer with this model afterwards
-    (`eval --judge-llm`; `judge_prompt` names the prompt, `judge_llm_instance` replaces the model).
-    `types`: only questions of these types (`eval --types`). `questions`: a committed list of question
-    ids (`eval --questions`: "headline200", or a file of ids). `lora`: a trained adapter on a llama.cpp
-    model (`eval --lora`). `threads`: the local back-end's threads (`eval --threads`). `batch`: that many
-    questions in lockstep, each round's requests one batch (`eval --batch`; a transformers model decodes
-    them as one padded batch).
-    The run folder, its id and its resume are `metarag eval`'s."""
-    from metarag.evaluate.harness import DatasetSpec, EvalConfig, Samples, evaluate, runs_dir_default
-    from metarag.evaluate.runs import Shard
-    from metarag.judges.correctness import AnswerJudge
-    from metarag.llm.registry import parse_llm_spec
+    detected, else `format`; `corpus` gives its passages). `llm`: a model spec as `--llm` takes it
+    (`embedded`, `hf-0.5b`, `gguf:PATH`, `openai:MODEL@URL` ...). `settings`: the method's settings to
+    change (`{"k": 3}`). Every other keyword but the last four is the `eval` option of that name
+    (`metarag eval --help`; `evaluate.options.OPTIONS`), None its default: `retriever`, `reranker`,
+    `rerank_depth`; `limit` / `seed` (a seeded sample), `questions` (a committed list of question ids),
+    `types`, `allow_unanswerable`; `runs_dir` (default `$METARAG_RUNS`, else ./runs); `samples` k sampled
+    answers a question (`temperature` / `top_p`: 0.6 / 0.95), avg@k and pass@k in the table; `judge_llm`
+    judges every answer afterwards with `judge_prompt`; the model's `gguf`, `base_url`, `model`,
+    `api_key_env`, `threads`, `n_ctx`, `prefix_chunk`, `lora` and `response_cache`; and how the session
+    runs: `workers`, `batch` (questions in lockstep, each round's requests one batch), `shard` ("i/n":
+    the i-th of n disjoint slices, into the same run folder as the other shards; the returned run holds
+    every shard written so far), `retry_failed`, `max_consecutive_failures`, `wait`.
+    `progress` shows a progress bar; `llm_instance` / `retriever_instance` / `judge_llm_instance`: objects
+    to use instead of building them from the specs (a scripted model in a test, a shared retrieval
+    service); the run id still names the specs, and a run folder takes one model's answers only."""
+    options = dict(locals())  # every keyword named as an option of `eval` is read as that option
+    from metarag.evaluate.harness import evaluate
+    from metarag.evaluate.options import BY_NAME, config_from_options
 
     given = Path(str(dataset)).expanduser()
     is_file = given.suffix != "" or given.exists()
-    spec = DatasetSpec(preset=None if is_file else str(dataset), file=str(given) if is_file else None,
-                       corpus=str(corpus) if corpus is not None else None, limit=limit, seed=seed,
-                       types=tuple(types), questions=questions)
-    llm_spec = parse_llm_spec(llm, n_threads=threads, lora=str(lora) if lora is not None else None)
-    config = EvalConfig(method=method, dataset=spec, llm=llm_spec, retriever=retriever,
-                        overrides={k: str(v) if not isinstance(v, str) else v for k, v in (settings or {}).items()},
-                        runs_dir=str(runs_dir if runs_dir is not None else runs_dir_default()),
-                        shard=Shard.parse(shard) if shard is not None else None,
-                        samples=Samples(samples, **{k: v for k, v in (("temperature", temperature), ("top_p", top_p))
-                                                   if v is not None}),
-                        judge_llm=judge_llm, batch=batch,
-                        answer_judge=AnswerJudge(prompt=judge_prompt))
+    options.update(dataset=None if is_file else str(dataset), dataset_file=str(given) if is_file else None)
+    config = config_from_options({name: value for name, value in options.items() if name in BY_NAME})
     store, _ = evaluate(config, progress=progress, llm=llm_instance, retriever=retriever_instance,
                         judge_llm=judge_llm_instance)
     return Run.load(store.path)
 
 
-def method_table() -> list[dict[str, str]]:
+def method_table(own: bool = False) -> list[dict[str, str]]:
     """Every method a user compares: its name, its paper (authors, year), what it does, what it needs
     beyond a model and a retriever, and what can be trained for it. Ours from their cards
     (`methods.catalog`); another package's from its class (the first line of its docstring, its
-    module docstring's citation, its per-token `needs`). Helpers a training command runs are left out."""
+    module docstring's citation, its per-token `needs`). Helpers a training command runs are left out;
+    `own`: metarag's methods only (the docs page), not those registered or installed beside them."""
     import re
     import sys
 
@@ -151,7 +145,7 @@ def method_table() -> list[dict[str, str]]:
 
     rows = []
     for name in method_names():
-        if name in HELPERS:
+        if name in HELPERS or (own and name not in CARDS):
             continue
         cls, _ = method_classes(name)
         needs = ", ".join(CAPABILITY_WORDS.get(k, k) for k in getattr(cls, "needs", {}) or {})
@@ -173,7 +167,7 @@ def method_table() -> list[dict[str, str]]:
 def methods_markdown() -> str:
     """docs/methods.md: the methods table, then each method's settings (`method_help`). What
     `metarag methods --markdown` prints; a test keeps the committed page equal to it."""
-    rows = method_table()
+    rows = method_table(own=True)
     lines = ["# Methods", "", "Generated by `metarag methods --markdown` from the method registry "
              "(`src/metarag/methods/catalog.py` and each settings class); do not edit by hand.", "",
              "| method | paper | what it does | needs | training |", "|---|---|---|---|---|"]

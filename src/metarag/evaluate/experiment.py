@@ -1,7 +1,9 @@
-"""Experiment files: a paper's table as one file — its rows (a method and its settings), datasets,
-model, retriever, sample, the reference row and the report — that `metarag experiment FILE` runs
-row by row (each row an ordinary `metarag eval` run: resumable, same run id as the same `eval`
-command) and reports once per dataset, with paired tests against the reference row.
+"""Experiment files: a paper's table as one file — its rows (a method and its settings, and where a row
+says so its own retriever and reranker), datasets, model, retriever, sample, the reference row and the
+report — that `metarag experiment FILE` runs row by row (each row an ordinary `metarag eval` run:
+resumable, same run id as the same `eval` command) and reports once per dataset, with paired tests
+against the reference row. Every option of `metarag eval` but those NOT_IN_FILES names is a field of
+the file, spelled as `metarag.run`'s keyword (`evaluate.options.OPTIONS`).
 
 The format is TOML, not YAML: Python reads it with the standard library (`tomllib`, no dependency),
 its values are typed (a limit is an integer, `true` a boolean, never "yes" read as True), and it
@@ -32,6 +34,10 @@ takes comments, so each table says in its own file where its alignment comes fro
     [[rows]]
     method = "ircot"
     settings = { k = 5, max_steps = 8 }  # as --set k=5 --set max_steps=8
+    [[rows]]
+    method = "standard-rag"              # a row's own retriever, reranker and rerank depth (its label:
+    retriever = "hybrid"                 # "standard-rag:retriever=hybrid,reranker=listwise")
+    reranker = "listwise"
 """
 from __future__ import annotations
 
@@ -45,70 +51,117 @@ from typing import Any
 import tomllib
 
 from metarag.errors import ConfigError, DataError, MetaRAGError
+from metarag.evaluate.options import BY_NAME, OPTIONS, config_from_options, setting_text
 
-FIELDS = {"name", "title", "reference", "datasets", "questions", "limit", "seed", "llm", "threads", "prefix_chunk",
-          "retriever",
-          "columns", "breakdown", "power", "judge_llm", "judge_prompt", "samples", "per_dataset", "rows"}
-PER_DATASET_FIELDS = {"corpus", "prefix_chunk"}
-ROW_FIELDS = {"method", "settings", "datasets"}
+# The run options (`evaluate.options.OPTIONS`) a file does not set, and why; every other one is a field of
+# the file, set for every cell (a row's own `method`, `settings`, `retriever` ... go in its [[rows]] entry).
+NOT_IN_FILES = {"dataset": "the file's `datasets` name them", "dataset_file": "a table runs named datasets",
+                "format": "a table runs named datasets", "runs_dir": "the command's --runs-dir",
+                "shard": "a table runs whole (eval --shard runs one cell in slices)"}
+# The options a row sets (its method and settings, and what it retrieves with), over the file's own.
+ROW_OPTIONS = ("method", "settings", "retriever", "reranker", "rerank_depth")
+# A row's run options besides its method and settings, named in its label as method settings are.
+ROW_RUN_OPTIONS = ROW_OPTIONS[2:]
+PER_DATASET_OPTIONS = ("corpus", "prefix_chunk")
+TABLE_OPTIONS = tuple(o.name for o in OPTIONS if o.name not in NOT_IN_FILES and o.name not in ("method", "settings"))
+FIELDS = {"name", "title", "reference", "datasets", "columns", "breakdown", "power", "per_dataset", "rows",
+          *TABLE_OPTIONS}
+ROW_FIELDS = {*ROW_OPTIONS, "datasets"}
+PER_DATASET_FIELDS = set(PER_DATASET_OPTIONS)
+# what each field of the file holds (rows, datasets and per_dataset are checked on their own)
+KINDS = {"name": str, "title": str, "reference": str, "columns": str, "breakdown": bool, "power": bool,
+         **{name: BY_NAME[name].kind for name in TABLE_OPTIONS}}
 
 
 @dataclass(frozen=True)
 class Row:
-    """One row of a table: a method and the settings it runs with (`--set key=value`); `datasets`: only
-    on these of the table's datasets (empty: on all), for a row a paper reports on some benchmarks only."""
+    """One row of a table: a method and the settings it runs with (`--set key=value`), and where it
+    retrieves with another retriever, reranker or rerank depth than the file's, those; `datasets`: only on
+    these of the table's datasets (empty: on all), for a row a paper reports on some benchmarks only."""
 
     method: str
     settings: tuple[tuple[str, str], ...] = ()
     datasets: tuple[str, ...] = field(default=(), compare=False)
+    retriever: str | None = None
+    reranker: str | None = None
+    rerank_depth: int | None = None
 
     def runs_on(self, dataset: str) -> bool:
         return not self.datasets or dataset in self.datasets
 
     @property
+    def options(self) -> dict[str, Any]:
+        """The run options this row sets over the file's."""
+        own = {name: getattr(self, name) for name in ROW_RUN_OPTIONS if getattr(self, name) is not None}
+        return {"method": self.method, "settings": dict(self.settings), **own}
+
+    @property
     def label(self) -> str:
-        """"method", or "method:key=value,key=value" (how --rows names it)."""
-        return self.method + (":" + ",".join(f"{k}={v}" for k, v in self.settings) if self.settings else "")
+        """"method", or "method:key=value,key=value" (how --rows names it): its retriever, reranker and
+        rerank depth where it sets them, then its method settings."""
+        pairs = [(name, getattr(self, name)) for name in ROW_RUN_OPTIONS if getattr(self, name) is not None]
+        pairs += list(self.settings)
+        return self.method + (":" + ",".join(f"{k}={v}" for k, v in pairs) if pairs else "")
 
     @classmethod
     def parse(cls, label: str) -> Row:
-        """A row from its label, "method" or "method:key=value,key=value"."""
+        """A row from its label, "method" or "method:key=value,key=value" (a key of ROW_RUN_OPTIONS sets the
+        row's retriever, reranker or rerank depth, any other a method setting)."""
         method, _, rest = label.partition(":")
-        pairs = []
+        pairs, own = [], {}
         for pair in filter(None, rest.split(",")):
             key, eq, value = pair.partition("=")
             if not eq or not key.strip():
                 raise ConfigError(f"row {label!r}: {pair!r} is not key=value")
-            pairs.append((key.strip(), value.strip()))
+            if key.strip() in ROW_RUN_OPTIONS:
+                own[key.strip()] = _typed(key.strip(), value.strip(), f"row {label!r}")
+            else:
+                pairs.append((key.strip(), value.strip()))
         if not method.strip():
             raise ConfigError(f"row {label!r} names no method")
-        return cls(method.strip(), tuple(pairs))
+        return cls(method.strip(), tuple(pairs), **own)
+
+
+def _typed(name: str, text: str, where: str) -> Any:
+    """An option's value from its text in a row's label."""
+    if BY_NAME[name].kind is int:
+        try:
+            return int(text)
+        except ValueError:
+            raise ConfigError(f"{where}: {name} must be a whole number, got {text!r}") from None
+    return text
 
 
 @dataclass(frozen=True)
 class Experiment:
-    """A table to run: rows × datasets under one model, retriever and sample; see the module docstring."""
+    """A table to run: rows × datasets under one model, retriever and sample; see the module docstring.
+    `options`: the run options the file sets for every cell (TABLE_OPTIONS: questions, limit, seed, llm,
+    threads, retriever, samples, judge_llm ...), the rest at their defaults; `per_dataset`: those it sets
+    for one dataset (PER_DATASET_OPTIONS)."""
 
     name: str
     rows: tuple[Row, ...]
     datasets: tuple[str, ...]
     reference: str | None = None
     title: str = ""
-    questions: str | None = None
-    limit: int | None = None
-    seed: int = 0
-    llm: str = "embedded"
-    threads: int | None = None
-    prefix_chunk: int = 0
-    retriever: str = "bm25"
     columns: str = ""
     breakdown: bool = True
     power: bool = False
-    judge_llm: str | None = None
-    judge_prompt: str | None = None  # the answer judge's prompt (judges.correctness.PROMPTS; None: its default)
-    samples: int = 1
+    options: Mapping[str, Any] = field(default_factory=dict)
     per_dataset: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     path: Path | None = None
+
+    @property
+    def questions(self) -> str | None:
+        return self.options.get("questions")
+
+    @property
+    def limit(self) -> int | None:
+        return self.options.get("limit")
+
+    @property
+    def seed(self) -> int:
+        return self.options.get("seed", 0)
 
     def reference_row(self) -> Row | None:
         """The reference row: the first row whose label, or else whose method, is `reference`."""
@@ -173,7 +226,12 @@ def experiment_from_dict(raw: Mapping[str, Any], file: Path | None = None) -> Ex
             raise bad(f"rows[{i}]: datasets must be a list of the table's dataset names")
         if stray := [d for d in only if d not in raw.get("datasets", [])]:
             raise bad(f"rows[{i}]: dataset {stray[0]!r} is not among the table's datasets")
-        rows.append(Row(entry["method"], tuple((k, _text(v)) for k, v in settings.items()), tuple(only)))
+        own = {name: entry[name] for name in ROW_RUN_OPTIONS if name in entry}
+        for name, value in own.items():
+            if wrong := _wrong_kind(BY_NAME[name].kind, value):
+                raise bad(f"rows[{i}]: {name} must be a {wrong}, got {value!r}")
+        rows.append(Row(entry["method"], tuple((k, setting_text(v)) for k, v in settings.items()), tuple(only),
+                        **own))
     if not rows:
         raise bad("no rows")
     labels = [r.label for r in rows]
@@ -189,58 +247,51 @@ def experiment_from_dict(raw: Mapping[str, Any], file: Path | None = None) -> Ex
         if set(options) - PER_DATASET_FIELDS:
             raise bad(f"per_dataset.{name}: unknown field {sorted(set(options) - PER_DATASET_FIELDS)[0]!r} "
                       f"(fields: {', '.join(sorted(PER_DATASET_FIELDS))})")
-        if not isinstance(options.get("corpus", ""), str) or not isinstance(options.get("prefix_chunk", 0), int):
+        if any(_wrong_kind(BY_NAME[key].kind, value) for key, value in options.items()):
             raise bad(f"per_dataset.{name}: corpus is a file path, prefix_chunk an integer")
-    types = {"name": str, "title": str, "reference": str, "questions": str, "limit": int, "seed": int, "llm": str,
-             "threads": int, "prefix_chunk": int, "retriever": str, "columns": str, "breakdown": bool, "power": bool,
-             "judge_llm": str, "judge_prompt": str, "samples": int}
-    for key, kind in types.items():
-        if key in raw and (not isinstance(raw[key], kind) or (kind is int and isinstance(raw[key], bool))):
-            raise bad(f"{key} must be a {kind.__name__}, got {raw[key]!r}")
+    for key, kind in KINDS.items():
+        if key in raw and (wrong := _wrong_kind(kind, raw[key])):
+            raise bad(f"{key} must be a {wrong}, got {raw[key]!r}")
+    # a limit of 0 and an empty question list read as none: every question
+    options = {key: raw[key] for key in TABLE_OPTIONS if key in raw and (key not in ("limit", "questions") or raw[key])}
     experiment = Experiment(
         name=raw["name"], rows=tuple(rows), datasets=tuple(datasets), reference=raw.get("reference"),
-        title=raw.get("title", ""), questions=raw.get("questions") or None, limit=raw.get("limit") or None,
-        seed=raw.get("seed", 0), llm=raw.get("llm", "embedded"), threads=raw.get("threads"),
-        prefix_chunk=raw.get("prefix_chunk", 0), retriever=raw.get("retriever", "bm25"), columns=raw.get("columns", ""),
-        breakdown=raw.get("breakdown", True), power=raw.get("power", False),
-        judge_llm=raw.get("judge_llm"), judge_prompt=raw.get("judge_prompt"), samples=raw.get("samples", 1),
-        per_dataset={k: dict(v) for k, v in per_dataset.items()}, path=file)
+        title=raw.get("title", ""), columns=raw.get("columns", ""), breakdown=raw.get("breakdown", True),
+        power=raw.get("power", False), options=options, per_dataset={k: dict(v) for k, v in per_dataset.items()},
+        path=file)
     if experiment.reference is not None and experiment.reference_row() is None:
         raise bad(f"reference {experiment.reference!r} is none of the rows")
     return experiment
 
 
-def _text(value: Any) -> str:
-    """A TOML value as `--set` spells it (true -> "true", 5 -> "5")."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return str(value)
+def _wrong_kind(kind: type, value: Any) -> str | None:
+    """The name of `kind` where a TOML value is not of it (a whole number is not a bool, nor a bool a
+    number; a list holds names; a float may be written whole), else None."""
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        return None
+    if isinstance(value, kind) and not (kind in (int, float) and isinstance(value, bool)):
+        if kind is not list or all(isinstance(item, str) for item in value):
+            return None
+    return kind.__name__
 
 
 def eval_config(experiment: Experiment, row: Row, dataset: str, runs_dir: str | Path, *,
                 llm: str | None = None, response_cache: bool = True):
-    """The `EvalConfig` of one cell: what `metarag eval --method M --dataset D --limit L --seed S
-    --threads T --runs-dir R [--corpus C] --set k=v ...` builds, hence the same run id and folder."""
-    from metarag.evaluate.harness import DatasetSpec, EvalConfig, Samples
-    from metarag.judges.correctness import AnswerJudge
-    from metarag.llm.registry import parse_llm_spec
+    """The `EvalConfig` of one cell: the file's options, the dataset's own, then the row's, read as `metarag
+    eval --method M --dataset D --runs-dir R ...` with the same options reads them, hence the same run id
+    and folder. `llm` replaces the file's model; `response_cache` False turns the response cache off."""
     from metarag.methods.registry import method_classes
 
     method_classes(row.method)  # an unknown method fails here, naming the closest
-    options = experiment.per_dataset.get(dataset, {})
-    corpus = options.get("corpus")
-    if corpus is not None:
-        corpus = corpus.replace("{data}", data_folder(experiment.path))
-    spec = DatasetSpec(preset=dataset, corpus=corpus, questions=experiment.questions, limit=experiment.limit,
-                       seed=experiment.seed)
-    return EvalConfig(method=row.method, dataset=spec,
-                      llm=parse_llm_spec(llm or experiment.llm, n_threads=experiment.threads,
-                                         response_cache=response_cache,
-                                         prefix_chunk=options.get("prefix_chunk", experiment.prefix_chunk)),
-                      retriever=experiment.retriever, overrides=dict(row.settings), runs_dir=str(runs_dir),
-                      judge_llm=experiment.judge_llm, samples=Samples(k=experiment.samples),
-                      **({"answer_judge": AnswerJudge(prompt=experiment.judge_prompt)}
-                         if experiment.judge_prompt else {}))
+    values = {**experiment.options, **experiment.per_dataset.get(dataset, {}), **row.options,
+              "dataset": dataset, "runs_dir": str(runs_dir)}
+    if values.get("corpus") is not None:
+        values["corpus"] = values["corpus"].replace("{data}", data_folder(experiment.path))
+    if llm:
+        values["llm"] = llm
+    if not response_cache:
+        values["response_cache"] = False
+    return config_from_options(values)
 
 
 def run_experiment(experiment: Experiment, runs_dir: str | Path, *, rows: Sequence[str] = (),
@@ -250,40 +301,43 @@ def run_experiment(experiment: Experiment, runs_dir: str | Path, *, rows: Sequen
     """Run every row of `experiment` on each dataset (`rows` / `datasets`: only these; a row given
     that the file lacks runs as an extra row), resuming what is finished; then one report per dataset
     over every row with a run folder, in the file's order, against the reference row, written to
-    RUNS/<name>-<dataset>.csv. A row that fails keeps its finished questions and the others go on.
+    RUNS/<name>-<dataset>.csv. Every cell is resolved (`evaluate.resolve`) before the first question runs;
+    a row that fails while running keeps its finished questions and the others go on.
     Returns the reports (markdown), one per dataset."""
-    from metarag.evaluate.harness import evaluate, prepare
+    from metarag.evaluate.harness import evaluate
     from metarag.evaluate.report import format_report, load_run, write_csv
-    from metarag.methods.registry import method_settings
+    from metarag.evaluate.resolve import resolve
 
     chosen = [Row.parse(label) for label in rows]
     table_rows = list(experiment.rows) + [r for r in chosen if r not in experiment.rows]
-    for row in table_rows:  # every row's method and settings checked before the first question runs
-        try:
-            method_settings(row.method, dict(row.settings))
-        except ConfigError as exc:
-            raise ConfigError(f"row {row.label!r}: {exc}") from None
     to_run = set(chosen) if chosen else set(experiment.rows)
     unknown = sorted(set(datasets) - set(experiment.datasets))
     names = list(datasets) if datasets else list(experiment.datasets)
     if unknown:
         log(f"experiment: {', '.join(unknown)} not among the file's datasets; running them too")
+    cells = {}
+    for dataset in names:
+        for row in [r for r in table_rows if r.runs_on(dataset)]:
+            try:
+                config = eval_config(experiment, row, dataset, runs_dir, llm=llm, response_cache=response_cache)
+                cells[dataset, row] = resolve(config)
+            except ConfigError as exc:
+                raise ConfigError(f"row {row.label!r}: {exc}") from None
     reports = []
     for dataset in names:
         folders, ran, reference = [], [], None
         for row in table_rows:
-            if not row.runs_on(dataset):
+            cell = cells.get((dataset, row))
+            if cell is None:
                 continue
-            config = eval_config(experiment, row, dataset, runs_dir, llm=llm, response_cache=response_cache)
             if not report_only and row in to_run:
                 log(f"== {row.label} on {dataset}")
                 try:
-                    evaluate(config, progress=progress)
+                    evaluate(cell.config, progress=progress)
                 except MetaRAGError as exc:
                     log(f"experiment: {row.label} on {dataset} failed ({exc}); its finished questions are kept")
-            store = prepare(config)[0]
-            if (store.path / "settings.json").is_file():
-                folders.append(store.path)
+            if (cell.folder / "settings.json").is_file():
+                folders.append(cell.folder)
                 ran.append(row)
         # the reference row's run; without one, the first run of the reference's method
         wanted = experiment.reference_row()
@@ -310,9 +364,9 @@ def with_overrides(experiment: Experiment, *, limit: int | None = None, prefix_c
     """The experiment on a sample of `limit` questions per dataset (0: all) and with the model's
     `prefix_chunk` on every dataset; None keeps the file's."""
     if limit is not None:
-        experiment = replace(experiment, limit=limit or None)
+        experiment = replace(experiment, options={**experiment.options, "limit": limit or None})
     if prefix_chunk is not None:
-        experiment = replace(experiment, prefix_chunk=prefix_chunk, per_dataset={
+        experiment = replace(experiment, options={**experiment.options, "prefix_chunk": prefix_chunk}, per_dataset={
             name: {k: v for k, v in options.items() if k != "prefix_chunk"}
             for name, options in experiment.per_dataset.items()})
     return experiment

@@ -11,278 +11,42 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import glob
-import hashlib
-import json
 import logging
-import os
 import queue
 import sys
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 from metarag import __version__
 from metarag.errors import BackendError, ConfigError, DataError
-from metarag.evaluate.runs import QuestionResult, RunStore, Shard, describe_holder
-from metarag.judges.correctness import AnswerJudge
-from metarag.llm.registry import BACKENDS, LLMSpec, check_spec, expected_identity, make_llm, parse_llm_spec
-from metarag.methods.registry import CLOSED_BOOK, build_method, component_revisions, method_revision, method_settings
-from metarag.methods.runner import Method, Runtime, Sampling, check_needs, run, run_many
+from metarag.evaluate.config import (  # noqa: F401 (the run's description, imported from here as before)
+    MAX_SAMPLES,
+    DatasetSpec,
+    EvalConfig,
+    Samples,
+    runs_dir_default,
+    sample_seed,
+)
+from metarag.evaluate.resolve import Resolved, load_questions, resolve, run_dataset  # noqa: F401
+from metarag.evaluate.runs import QuestionResult, RunStore, describe_holder
+from metarag.llm.registry import BACKENDS, LLMSpec, expected_identity, make_llm, parse_llm_spec
+from metarag.methods.registry import CLOSED_BOOK, build_method
+from metarag.methods.runner import Method, Runtime, check_needs, run, run_many
 from metarag.metrics import AnswerScores, score_answer, support_recall
 from metarag.provenance import git_commit as _git_commit
 from metarag.records import Question, Trace
-from metarag.settings import artifact_digests, check_ranges, setting, settings_hash, to_plain
 
 log = logging.getLogger(__name__)
 ZERO = AnswerScores(0.0, 0.0, 0.0, 0.0, 0.0)
 
 
-@dataclass(frozen=True)
-class DatasetSpec:
-    """Which questions: a preset name, or a file with an optional format and corpus."""
-
-    preset: str | None = None
-    file: str | None = None
-    format: str | None = None
-    corpus: str | None = None
-    limit: int | None = None
-    seed: int = 0
-    allow_unanswerable: bool = False  # score questions without a gold answer as unanswerable
-    types: tuple[str, ...] = ()  # only questions of these types (HotpotQA's / 2Wiki's), before the sample
-    # a committed list of question ids (`--questions`): a list shipped for the preset ("headline200") or a
-    # file of ids; applied before `limit`, which then samples within it
-    questions: str | None = None
-
-    def label(self) -> str:
-        return self.preset or Path(self.file or "dataset").stem
-
-
-# The most answers per question a sampled run takes: pass@k is reported up to k = 1,024 (Chen et al., 2021,
-# §2.1, k = 100; Brown et al., 2024, up to 10,000 on small sets), and the run's to-do list is questions x k.
-MAX_SAMPLES = 1024
-
-
-@dataclass(frozen=True)
-class Samples:
-    """k sampled answers per question (`eval --samples k`), scored as avg@k and pass@k. k = 1: one greedy
-    answer, as every method's own decoding. k > 1: every answer is sampled at `temperature` / `top_p`,
-    0.6 / 0.95 by default, the sampling DeepSeek-R1 reports pass@1 over k samples with (Guo et al., 2025,
-    §3.1, evaluation setup); sample i of a question is seeded by `sample_seed(run seed, question, i)`.
-    The sampling is hashed into the run id, k is not: `--samples 8` on a 4-sample run adds samples 4-7."""
-
-    k: int = setting(1, ge=1)
-    temperature: float = setting(0.6, gt=0)
-    top_p: float = setting(0.95, gt=0, le=1)
-
-    def __post_init__(self) -> None:
-        if isinstance(self.k, int) and self.k > MAX_SAMPLES:  # before anything is sized by k
-            raise ConfigError(f"--samples {self.k}: at most {MAX_SAMPLES} answers per question")
-        check_ranges(self)
-
-    def sampling(self) -> Sampling | None:
-        """The runner's decoding override of a sampled run; None (the methods' greedy decoding) for k = 1."""
-        return Sampling(self.temperature, self.top_p) if self.k > 1 else None
-
-
-def sample_seed(run_seed: int, question_id: str, sample: int) -> int:
-    """The rollout seed of sample `sample` of a question in a run seeded `run_seed` (`--seed`): the same
-    on every re-run and resume, distinct across questions and samples, 31 bits."""
-    digest = hashlib.blake2b(f"{run_seed}:{question_id}:{sample}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big") & 0x7FFF_FFFF
-
-
-@dataclass(frozen=True)
-class EvalConfig:
-    """Everything that defines a run; its resolved form is saved and hashed into the run id.
-
-    How a session runs is not hashed: `workers`, `retry_failed` (retry every failed question, not
-    only the retryable ones), `max_consecutive_failures` (stop after this many questions in a row
-    fail with retryable errors, the sign of a back-end gone down; 0 never stops) and `wait` (wait for
-    another writer of the same run folder instead of refusing), `batch` (run up to this many questions
-    in lockstep, each round's model requests sent as one batch: `run_many`; then `workers` is how many
-    of a round's requests go out at once to a back-end that does not batch, e.g. a server's slots),
-    `shard` (run only this slice of the questions, into the same run folder as the other shards).
-    `samples`: k answers per question (`Samples`; its sampling is hashed, k is not). `judge_llm`: after
-    the questions, judge every answer with this model (a spec string) and `answer_judge`, the verdicts
-    kept in the run folder beside the results, not hashed (`evaluate/answer_judge.py`)."""
-
-    method: str
-    dataset: DatasetSpec
-    llm: LLMSpec = LLMSpec()
-    retriever: str = "bm25"
-    reranker: str = "none"
-    rerank_depth: int = 20
-    overrides: Mapping[str, str] = field(default_factory=dict)
-    workers: int = 1
-    runs_dir: str = "runs"
-    retry_failed: bool = False
-    max_consecutive_failures: int = 3
-    wait: bool = False
-    batch: int = 1
-    shard: Shard | None = None
-    samples: Samples = Samples()
-    judge_llm: str | None = None
-    answer_judge: AnswerJudge = AnswerJudge()
-
-
-def load_questions(spec: DatasetSpec):
-    """The dataset a spec names, sampled when `limit` is set; errors name the file or preset."""
-    from metarag.data.datasets import load_dataset, resolve_preset, sample
-
-    if bool(spec.preset) == bool(spec.file):
-        raise ConfigError("give exactly one of --dataset PRESET or --dataset-file PATH")
-    if spec.preset:
-        if spec.format:
-            raise ConfigError("--format goes with --dataset-file, not with a preset")
-        # --corpus with a preset retrieves from that corpus instead of the preset's own paragraphs (the
-        # single-hop sets and Bamboogle have none: Wikipedia passages, as the papers retrieve from)
-        dataset = resolve_preset(spec.preset, corpus=spec.corpus, allow_unanswerable=spec.allow_unanswerable)
-    else:
-        dataset = load_dataset(spec.file, spec.format, corpus=spec.corpus,
-                               allow_unanswerable=spec.allow_unanswerable)
-    if not dataset.questions:
-        raise DataError("the dataset has no questions", path=dataset.path)
-    if spec.types:
-        from metarag.data.pool import question_slice
-
-        if not any(q.type for q in dataset.questions):
-            raise ConfigError(f"{dataset.name} gives no question types, so --types cannot pick among them "
-                              "(2wiki-dev1000, hotpotqa-train100 and HotpotQA-format files give them)")
-        dataset = question_slice(dataset, tuple(spec.types))
-    if spec.questions:
-        from metarag.data.datasets import question_list, select
-
-        listed = question_list(spec.questions, dataset.name)
-        dataset = select(dataset, listed.ids, source=f"question list {spec.questions!r}")
-    if spec.limit is not None:
-        if spec.limit < 1:
-            raise ConfigError("--limit must be at least 1")
-        dataset = sample(dataset, spec.limit, spec.seed)
-    return dataset
-
-
-def run_dataset(settings: Mapping[str, Any], path: str | None = None, *, sampled: bool = False):
-    """The dataset that a run's saved `settings.json` names: the whole dataset (what a run folder does
-    not keep of its questions, type, hops, supporting passages, is read from it), or with `sampled`
-    the run's own seeded sample. The saved format of a preset is the preset's own, so only a file's
-    format is passed on. `path` (the settings file) is named when they name no dataset."""
-    saved = settings.get("dataset") if isinstance(settings.get("dataset"), Mapping) else {}
-    if not (saved.get("preset") or saved.get("file")):
-        raise DataError("the run's settings name no dataset", path=path)
-    names = ("preset", "file", "corpus", "allow_unanswerable") + (() if saved.get("preset") else ("format",))
-    names += ("limit", "seed", "types", "questions") if sampled else ()
-    fields = {k: saved[k] for k in names if saved.get(k) is not None}
-    if "types" in fields:
-        fields["types"] = tuple(fields["types"])
-    return load_questions(DatasetSpec(**fields))
-
-
 def prepare(config: EvalConfig):
     """Resolve a config into (run store, method, dataset, resolved settings), loading no model."""
-    if config.workers < 1:
-        raise ConfigError("--workers must be at least 1")
-    if config.batch < 1:
-        raise ConfigError("--batch must be at least 1")
-    if config.max_consecutive_failures < 0:
-        raise ConfigError("--max-consecutive-failures must be 0 (never stop) or more")
-    check_spec(config.llm)
-    if config.judge_llm is not None:
-        parse_llm_spec(config.judge_llm)  # an unknown judge model fails here, before any question
-        if config.shard is not None:
-            raise ConfigError("--judge-llm judges a whole run, not one shard: judge a sharded run once its shards "
-                              "have finished, from Python: metarag.Run.load(RUN).judge(SPEC)")
-    from metarag.rerank.registry import check_reranker, reranker_settings
-
-    check_reranker(config.reranker)
-    settings = method_settings(config.method, config.overrides)
-    dataset = load_questions(config.dataset)
-    if config.shard is not None and config.shard.count > len(dataset.questions):
-        raise ConfigError(f"--shard {config.shard.label}: {len(dataset.questions)} questions cannot be split "
-                          f"{config.shard.count} ways; give N at most {len(dataset.questions)}")
-    needs_corpus = config.method not in CLOSED_BOOK
-    if needs_corpus and not dataset.passages:
-        raise ConfigError(f"{dataset.name} has no passages to retrieve from: give --corpus PATH")
-    from metarag.data.corpus import corpus_fingerprint
-
-    resolved = {
-        "method": config.method,
-        "method_settings": to_plain(settings),
-        # allow_unanswerable, types and questions only where set, so the run ids of runs without them stay
-        # put; a question list by the ids it selects, not by its name or path
-        "dataset": {**{k: v for k, v in asdict(config.dataset).items()
-                       if k not in ("allow_unanswerable", "types", "questions") or v},
-                    **({"question_ids_sha256": _ids_sha256(dataset.questions)} if config.dataset.questions else {}),
-                    "name": dataset.name, "format": dataset.format,
-                    "sha256": dataset.sha256, "n_questions": len(dataset.questions)},
-        "corpus_fingerprint": corpus_fingerprint(dataset.passages) if needs_corpus else None,
-        "retriever": config.retriever if needs_corpus else None,
-        # how the model is run (threads, the response cache) does not change what it answers: not hashed
-        # (prefix_chunk and lora only where set, so the run ids of runs without them stay put)
-        "llm": {k: v for k, v in asdict(config.llm).items()
-                if k not in ("response_cache", "n_threads") and (k not in ("prefix_chunk", "lora") or v)},
-    }
-    if config.llm.lora:  # an adapter by what it applies (its config and weights), not by where it lies
-        from metarag.llm.lora import adapter_sha256
-
-        resolved["llm"]["lora"] = f"sha256:{adapter_sha256(config.llm.lora)}"
-    if config.samples.k > 1:  # absent for one greedy answer per question, so those run ids stay put
-        resolved["sampling"] = {"temperature": config.samples.temperature, "top_p": config.samples.top_p}
-    revision = method_revision(config.method)
-    if revision > 1:  # absent at revision 1, so the run ids of unchanged methods stay put
-        resolved["method_revision"] = revision
-    if components := component_revisions(config.method):  # likewise absent while all are at revision 1
-        resolved["component_revisions"] = components
-    if config.reranker != "none" and needs_corpus:  # absent otherwise, so run ids without one stay put
-        resolved["reranker"] = {"spec": config.reranker, "depth": config.rerank_depth,
-                                "settings": to_plain(reranker_settings(config.reranker))}
-    # A model named by path (a trained critic, a cross-encoder, a GGUF) is hashed by content, so
-    # replacing what lies behind the same path gives a new run id; absent when none is named.
-    artifacts = artifact_digests({"method_settings": resolved["method_settings"], "llm": resolved["llm"],
-                                  "reranker": config.reranker if needs_corpus else ""})
-    if artifacts:
-        resolved["artifacts"] = artifacts
-    prefix = f"{config.method}-{config.dataset.label()}-{config.llm.backend}-"
-    digest = settings_hash(_hashed(resolved))
-    folder = Path(config.runs_dir) / f"{prefix}{digest}"
-    if resolved["dataset"].get("corpus") and not folder.exists():
-        folder = _path_hashed_run(Path(config.runs_dir), prefix, digest) or folder
-    store = RunStore(folder, config.shard)
-    return store, build_method(config.method, config.overrides), dataset, resolved
-
-
-def _hashed(resolved: Mapping[str, Any]) -> Mapping[str, Any]:
-    """What of a run's resolved settings its id hashes: all of it, but a corpus given by path (--corpus)
-    by its content alone where the run retrieves from it (`corpus_fingerprint`), so a moved data folder
-    keeps its runs and a changed file under the same path gets a new id; settings.json keeps the path,
-    for the reader. A closed-book run, which has no fingerprint, still hashes the path (its id stays)."""
-    dataset = resolved.get("dataset")
-    if resolved.get("corpus_fingerprint") is None or not isinstance(dataset, Mapping) or not dataset.get("corpus"):
-        return resolved
-    return {**resolved, "dataset": {k: v for k, v in dataset.items() if k != "corpus"}}
-
-
-def _path_hashed_run(runs_dir: Path, prefix: str, digest: str) -> Path | None:
-    """A run folder named before run ids left a corpus's path out (its id hashed the path it was given,
-    wherever the data folder lay then), found by its saved settings: those hash without the path to
-    `digest`. So every such run (the kept wiki-corpus runs of docs/table-runs/agent-table among them)
-    resumes in its own folder, whatever the data folder's place now; None when there is none."""
-    for folder in sorted(runs_dir.glob(glob.escape(prefix) + "*")) if runs_dir.is_dir() else ():
-        try:
-            saved = json.loads((folder / "settings.json").read_text())
-        except (OSError, ValueError):
-            continue
-        if isinstance(saved, dict) and isinstance(saved.get("dataset"), dict) and saved["dataset"].get("corpus") \
-                and settings_hash(_hashed(saved)) == digest:
-            return folder
-    return None
-
-
-def _ids_sha256(questions) -> str:
-    return hashlib.sha256("\n".join(q.id for q in questions).encode()).hexdigest()
+    run = resolve(config)
+    return RunStore(run.folder, config.shard), build_method(config.method, config.overrides), run.dataset, run.settings
 
 
 def score(question: Question, trace: Trace, sample: int = 0) -> QuestionResult:
@@ -648,6 +412,3 @@ def _manifest(store: RunStore, resolved: dict) -> dict:
 def _now() -> str:
     return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
 
-
-def runs_dir_default() -> str:
-    return os.environ.get("METARAG_RUNS", "runs")

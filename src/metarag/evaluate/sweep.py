@@ -11,7 +11,7 @@ from dataclasses import replace
 from metarag.errors import ConfigError
 from metarag.evaluate.harness import EvalConfig, evaluate
 from metarag.evaluate.report import load_run, summarize
-from metarag.methods.registry import method_settings
+from metarag.evaluate.resolve import resolve
 
 # Cost columns of a sweep's table: requests as the papers count them and as the model served them,
 # and the model-served tokens and latency per question (the cost axis of a cost-quality curve).
@@ -43,15 +43,16 @@ def grid_points(grid: Mapping[str, list[str]]) -> list[dict[str, str]]:
 
 def sweep(config: EvalConfig, grid: Mapping[str, list[str]], *, progress: bool = True
           ) -> tuple[str, list[dict]]:
-    """Evaluate every grid point (checked all up front, before any model loads); a markdown table
+    """Evaluate every grid point (each resolved up front, before any model loads); a markdown table
     and its rows. Each point is checked for a reachable back-end before its first question, and a
     point that stops on consecutive retryable failures stops the sweep (re-run it to resume)."""
     points = grid_points(grid)
-    for point in points:
-        method_settings(config.method, {**config.overrides, **point})
+    configs = [replace(config, overrides={**config.overrides, **point}) for point in points]
+    for point in configs:
+        resolve(point)
     rows = []
-    for point in points:
-        store, _ = evaluate(replace(config, overrides={**config.overrides, **point}), progress=progress)
+    for point, point_config in zip(points, configs):
+        store, _ = evaluate(point_config, progress=progress)
         rows.append({**point, **summarize(load_run(store.path))})
     extra = sorted({k for row in rows for k in row if k.endswith("/q") and k not in SUMMARY_PER_QUESTION})
     columns = [*grid, "n", "failed", "EM", "F1", *COST_COLUMNS, *extra]
