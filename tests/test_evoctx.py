@@ -698,7 +698,7 @@ def test_evoctx_on_two_demo_questions_with_the_real_models():
     dataset = resolve_preset("demo")
     retriever = open_bm25(list(dataset.passages))
     llm = LlamaCppLLM(LlamaCppSettings(embedded="qwen2.5-coder-1.5b-instruct", n_ctx=2048))
-    method = EvoCtx(EvoCtxSettings(T=2, oracle=True))
+    method = EvoCtx(EvoCtxSettings(T=2, oracle=True, confidence_probe=True))  # the analysis probe, off by default
     for question in dataset.questions[:2]:
         trace = run(method, question, Runtime(llm, retriever))
         assert trace.error is None and trace.answer

@@ -110,8 +110,11 @@ def test_runs_page_filter_to_wrong_answers_open_a_question_and_its_prompt(page, 
         # the runs page: the report table, one row per run, and the folder that is no run said so
         rows = page.locator("#report tbody tr")
         expect(rows).to_have_count(3)
-        expect(rows.nth(0)).to_contain_text("100.00")
-        expect(rows.nth(1)).to_contain_text("16.67*")
+        expect(rows.nth(0)).to_contain_text("100.0 (61.0–100.0)")  # EM with its Wilson interval
+        # 5 discordant pairs, all one way: exact McNemar p = 0.0625, so no mark (a t-test would give one)
+        expect(rows.nth(1)).to_contain_text("16.7 (3.0–56.4)")
+        expect(rows.nth(1)).to_contain_text("-83.30.06")
+        expect(rows.nth(1)).not_to_contain_text("*")
         expect(page.locator(".run-error")).to_contain_text("not a metarag run folder")
         expect(page.locator(".run-card").first).to_contain_text("scripted:scripted")
         shoot(page, tmp_path, request, "view-runs")

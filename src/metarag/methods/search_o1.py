@@ -167,8 +167,10 @@ class SearchO1Settings:
     Sampling, as the script's `SamplingParams`: `temperature` 0.7, `top_p` 0.8, `top_k` 20 for
     both calls; `repetition_penalty` 1.0 for the reasoning chain (the script's for a model that is
     not QwQ; 1.05 for QwQ, lines 210-212) and `rid_repetition_penalty` 1.05 for Reason-in-Documents
-    (fixed in `generate_webpage_to_reasonchain_batch`). `greedy` (ours, off): both calls decode
-    greedily, the penalties kept. The previous reasoning reaches Reason-in-Documents digested as the
+    (fixed in `generate_webpage_to_reasonchain_batch`); each request seeded from the run's seed and
+    the question (`methods.runner.question_seed`); a run's `--samples` sampling replaces temperature
+    and top-p, as for every method. `greedy` (ours, off): both calls decode greedily, the penalties
+    kept. The previous reasoning reaches Reason-in-Documents digested as the
     script digests it (`reasoning_digest`). `force_answer` (ours, off): the last turn starts the
     reply inside `\\boxed{` so the episode ends with an answer; the script stops after its 15th
     generation, and an unfinished chain keeps whatever box it holds. `strict_markers` off (ours):
