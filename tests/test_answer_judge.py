@@ -121,6 +121,10 @@ def test_a_changed_judge_prompt_or_model_judges_anew_into_a_file_of_its_own(tmp_
     renamed.identity = "scripted:another-judge"
     evaluate(cfg, progress=False, llm=wrong_reader(), judge_llm=renamed)
     assert len(renamed.prompts) == 6 and len(judge_files(store.path)) == 3
+    # the table's judge columns read the default prompt's verdicts (all No), not the newest judge's (all
+    # Yes), whatever order the files were written in: a re-judged run stays comparable with its table
+    [row] = report_table([load_run(store.path)], baseline=None)[1]
+    assert row["judge acc"] == 0.0 and row["judge"] == "scripted:judge (equivalence)"
 
 
 def test_an_unreadable_reply_is_recorded_unjudged_and_a_failed_request_is_asked_again(tmp_path):

@@ -184,21 +184,28 @@ SAMPLE_COLUMNS = ("k", "avg@k EM", "pass@k EM", "avg@k judge", "pass@k judge")
 
 
 def judged_columns(run: LoadedRun) -> dict:
-    """The newest answer judge's accuracy (percent of every question's answer), its agreement with EM and
+    """One answer judge's accuracy (percent of every question's answer), its agreement with EM and
     cover-EM (percent) and Cohen's kappa, over the run's answers (sample 0's of a sampled run); {} when
-    no judge has judged the run. `report` prints every judge of a run below the table."""
+    no judge has judged the run. The judge is the newest one with the default prompt
+    (`AnswerJudge().prompt`) when the run has one, else the newest: a run judged again with another
+    prompt (the agentic table's runs were re-judged with `agentic-rag`) keeps the column comparable with
+    the other rows of its table, whichever file a checkout happened to touch last. The "judge" column
+    names the model and the prompt; `report` prints every judge of a run below the table."""
     from metarag.evaluate.answer_judge import judge_files, summarize_judge, unjudged_reasons
+    from metarag.judges.correctness import AnswerJudge
 
     files = judge_files(run.path)
     if not files:
         return {}
-    s = summarize_judge(files[-1], run.results)
-    failed = unjudged_reasons(files[-1], run.results)["failed request"]  # marked on the row: see report_table
+    summaries = [(path, summarize_judge(path, run.results)) for path in files]
+    default = [(path, s) for path, s in summaries if s.prompt == AnswerJudge().prompt]
+    path, s = (default or summaries)[-1]
+    failed = unjudged_reasons(path, run.results)["failed request"]  # marked on the row: see report_table
 
     def known(value: float, scale: float = 1.0) -> float | None:  # NaN (nothing judged, kappa undefined): "–"
         return None if math.isnan(value) else scale * value
 
-    return {"judge": s.judge_model, "judge acc": known(s.accuracy, 100), "judge~EM": known(s.agree_em, 100),
+    return {"judge": f"{s.judge_model} ({s.prompt})", "judge acc": known(s.accuracy, 100), "judge~EM": known(s.agree_em, 100),
             "kappa EM": known(s.kappa_em), "judge~Acc": known(s.agree_acc, 100), "kappa Acc": known(s.kappa_acc),
             "judge failed": failed}
 
