@@ -205,8 +205,9 @@ def judged_columns(run: LoadedRun) -> dict:
     def known(value: float, scale: float = 1.0) -> float | None:  # NaN (nothing judged, kappa undefined): "–"
         return None if math.isnan(value) else scale * value
 
-    return {"judge": f"{s.judge_model} ({s.prompt})", "judge acc": known(s.accuracy, 100), "judge~EM": known(s.agree_em, 100),
-            "kappa EM": known(s.kappa_em), "judge~Acc": known(s.agree_acc, 100), "kappa Acc": known(s.kappa_acc),
+    return {"judge": f"{s.judge_model} ({s.prompt})", "judge acc": known(s.accuracy, 100),
+            "judge~EM": known(s.agree_em, 100), "kappa EM": known(s.kappa_em),
+            "judge~Acc": known(s.agree_acc, 100), "kappa Acc": known(s.kappa_acc),
             "judge failed": failed}
 
 

@@ -75,7 +75,8 @@ class AnswerJudge:
     and prediction: is it the same answer?), because it is the one the default judge, the embedded
     1.5B, can give: asked with the question too ("agentic-rag", the criterion R1-Searcher and Search-o1
     judge by, with their large judges), the 1.5B calls 83-100 % of a run's answers right, wrong ones
-    included (Cohen's kappa with EM 0.00-0.04 over the agentic table's 14 runs, docs/results.md); with
+    included (Cohen's kappa with EM 0.00-0.04 over the agentic table's 14 runs,
+    docs/notes/2026-12-05-the-agentic-rag-baselines.md); with
     "equivalence" its verdicts follow the answers (kappa 0.33-1.00, agreement with EM 80-100 %).
     Name "agentic-rag", or "r1-searcher" (R1-Searcher's judge, gpt-4o-mini in its paper), with a judge
     that can read the question (`--judge-llm openai:MODEL@URL --judge-prompt r1-searcher`); several

@@ -73,8 +73,8 @@ class LlamaCppSettings:
     model's identity. The base stays quantized and the adapter is added in float32, so the trained
     update is applied exactly; but any non-zero adapter moves llama.cpp's int8 rounding of the
     activations, a change of ~0.09 in a logit on the 1.5B whatever the adapter's size (an adapter of
-    zeros changes nothing; `docs/results.md` measures both), so an adapter's effect below that is seen
-    through that noise."""
+    zeros changes nothing; docs/notes/2026-12-04-training-that-learns-on-the-cpu.md measures both), so
+    an adapter's effect below that is seen through that noise."""
 
     embedded: str | None = "qwen2.5-coder-1.5b-instruct"
     gguf: str | None = None

@@ -130,7 +130,7 @@ class EvoCtxSettings:
     method then RETRIEVEs every round, never THINKs, so U stays empty and φ(Q, U) writes the same
     query each round: EvoCtx degenerates into its own "w/o THINK" ablation, which the paper reports
     as worse than the full method (Table 2). At 10, 12% of those decisions RETRIEVE and the rest
-    THINK: the alternation the paper describes. docs/results.md has both runs.
+    THINK: the alternation the paper describes. docs/notes/2026-11-30-evoctx-*.md have both runs.
     `decision_llm` "" asks the run's LLM; "embedded", "embedded-0.5b", "gguf:PATH" or
     "openai:MODEL[@BASE_URL]" name a separate decision model (§4.1 pairs Qwen3-4B-Thinking with a
     LLaMA-3.1-8B generator). `confidence_probe` records Table 8's sufficiency probe each round: an
@@ -314,9 +314,10 @@ def extend_context(context: Sequence[Hit], new: Sequence[Hit], budget: int, keep
     - "first" (the default) keeps what came first: the passage that crosses the budget keeps the
       words of its text that fit (with its title) and nothing after it is added. It is the literal
       reading (append, then truncate the concatenation), and it measured better: on 20 HotpotQA dev
-      questions EvoCtx scored F1 42.3 with it and 34.0 with "recent" (docs/results.md). Its cost:
-      five HotpotQA passages are ~740 tokens, so after the bootstrap at most one more passage (cut)
-      fits, and later RETRIEVEs change neither the context nor the boundary.
+      questions EvoCtx scored F1 42.3 with it and 34.0 with "recent"
+      (docs/notes/2026-11-30-evoctx-against-standard-rag-and-iterdrag-n20.md). Its cost: five
+      HotpotQA passages are ~740 tokens, so after the bootstrap at most one more passage (cut) fits,
+      and later RETRIEVEs change neither the context nor the boundary.
     - "recent" keeps the newest passages that fit, in order, and drops the oldest (the crossing
       passage cut the same way), so that every RETRIEVE "expands the boundary with new external
       evidence" (§3.2) — at the price of the bootstrap's first-hop evidence.

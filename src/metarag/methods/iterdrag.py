@@ -72,7 +72,7 @@ class IterDRAGSettings:
     the final prompt's. "retrieve" treats it as a new follow-up (retrieve, answer it, go on), as a
     model that never repeats itself would never notice. "answer" by default because a repeated
     sub-query retrieves the same top-k (plain top-k) and adds a copy of an intermediate answer to
-    the chain: with the embedded 1.5B model, all 20 HotpotQA questions of docs/results.md asked some
+    the chain: with the embedded 1.5B model, all 20 HotpotQA questions of docs/notes/ (2026-11-30) asked some
     follow-up again (17 kept going until T), and the final prompt over the repeated chain answered
     "Yes" to 8 of them, 7 of which are not yes/no questions; "answer" scored 30 / 35.5 EM / F1 with
     2.15 retrieval calls against 15 / 22.5 with 8.6 for "retrieve". IterDRAG's demonstrations never

@@ -186,7 +186,7 @@ class BeliefAgentSettings:
     instruction models: the untrained Qwen2.5-Coder-0.5B answers the step prompt by echoing the
     candidate line ("SEARCH (call the search engine with ...)"), no tag and no action, so every
     non-forced step is invalid and the forced answer a sentence; opened inside `<think>`, it closes
-    the tag and writes `<answer>` or `<search>` (docs/results.md, "Training that learns on the CPU",
+    the tag and writes `<answer>` or `<search>` (docs/notes/2026-12-04-training-that-learns-on-the-cpu.md,
     measures what it changes). The prefix is prompt, not generation: training gives it no gradient.
 
     `belief_table` (a file; empty: off) replaces the probe by a belief read from the table, at the first

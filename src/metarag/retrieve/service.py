@@ -43,7 +43,8 @@ class ServiceSettings:
     Searches run one batch at a time in a worker thread: the requests that arrived while the last
     batch was searched (up to `max_batch_queries` queries; a request is never split) form the next,
     and `batch_window_s` > 0 waits that long for more before searching. The default 0 measured best
-    (docs/results.md): a lone client waits for nothing, and under load the batches form anyway.
+    (docs/notes/2026-12-04-serving-throughput-and-the-retrieval-service.md): a lone client waits for
+    nothing, and under load the batches form anyway.
     `max_batch_queries` = 1 searches one request at a time (the service before batching). A request
     over a limit is refused with one line: a body over `max_body_bytes` with 413; more than
     `max_queries` queries, a query over `max_query_chars` characters, a topk over `max_topk`, or
