@@ -136,3 +136,10 @@ def test_holm_marks_only_what_survives_the_correction(tmp_path):
     rows = [{}, {}]
     compare(rows, runs[:2], 0, ("auto",))  # alone, the same comparison survives
     assert rows[1]["EM*"] == "*"
+
+
+def test_p_values_keep_two_significant_digits_and_never_round_onto_the_line():
+    from metarag.evaluate.report import format_p
+
+    assert [format_p(p) for p in (0.75, 0.1, 0.0078, 0.0625, 0.0469, 0.0499, 0.05, 1.0)] == \
+        ["0.75", "0.10", "0.0078", "0.062", "0.047", "0.0499", "0.05", "1.00"]

@@ -98,6 +98,8 @@ def report_table(runs: Sequence[LoadedRun], *, baseline: int | None = 0, tests: 
             text = _fmt(value)
             if ci == "inline" and c in CI_COLUMNS and value is not None and f"{c} lo" in row:
                 text = f"{value:.1f} ({row[c + ' lo']:.1f}–{row[c + ' hi']:.1f})"
+            if c.startswith("p ") and isinstance(value, float):
+                text = format_p(value)
             if c.startswith("Δ ") and value is not None:
                 text = f"{value:+.1f}"
                 if f"{c} lo" in row:
@@ -324,6 +326,15 @@ def _pyplot():
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def format_p(p: float) -> str:
+    """A p-value to two significant digits below 0.1 (0.047, 0.0078), two decimals above; never rounded
+    onto the 0.05 line from below, so a `*` (adjusted p < 0.05) is never printed beside "0.05"."""
+    if p >= 0.1:
+        return f"{p:.2f}"
+    text = f"{p:.2g}"
+    return f"{p:.3g}" if p < 0.05 <= float(text) else text
 
 
 def _fmt(value) -> str:
