@@ -450,7 +450,7 @@ def test_every_reward_setting_declares_its_range():
 
 
 def test_term_flips_counts_the_advantages_a_reward_term_turned_around():
-    from metarag.train.rewards import term_flips
+    from metarag.evaluate.training_curves import term_flips
 
     # two right rollouts, one consistent (1.1) and one not (1.0), and a wrong one: without the term the
     # two right ones tie above the mean; with it, under "none", both stay above: no flip

@@ -436,6 +436,28 @@ def test_training_curves_overlay_several_runs(tmp_path, capsys):
     assert (tmp_path / "first-curves.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def test_the_curves_show_how_often_the_consistency_term_flipped_an_advantage(tmp_path):
+    """The flips panel, from the rollout log: per step, the share of advantages whose sign the
+    consistency term changed (rewards with it against outcome − penalty), scaled as the run scaled
+    them. Step 1: in a group of two that the outcome ties (both wrong), consistency +0.1 on one
+    rollout gives it +0.05 and the other −0.05, where without the term both had 0: one of two
+    advantages turns positive. Step 2: the term moves no sign. An outcome-only run: 0 throughout."""
+    from metarag.evaluate.training_curves import FLIPS, flip_shares, training_curves
+
+    run = tmp_path / "belief"
+    run.mkdir()
+    (run / "settings.json").write_text(json.dumps({"scale_rewards": "none"}))
+    (run / "log.jsonl").write_text("\n".join(json.dumps({"step": n, "rewards/reward/mean": 0.1}) for n in (1, 2)))
+    rollouts = [(1, "q1", 0.1, 0.0, 0.1), (1, "q1", 0.0, 0.0, 0.0),
+                (2, "q1", 1.1, 1.0, 0.1), (2, "q1", 0.0, 0.0, 0.0)]
+    (run / "rollouts.jsonl").write_text("\n".join(json.dumps(
+        {"step": s, "question_id": q, "seed": i, "reward": r, "outcome": o, "consistency": c, "penalty": 0.0})
+        for i, (s, q, r, o, c) in enumerate(rollouts)) + "\n")
+    assert flip_shares(run) == {1: 50.0, 2: 0.0}
+    [curve] = [c for c in training_curves([run]) if c.key == FLIPS]
+    assert curve.points == ((1, 50.0), (2, 0.0))
+
+
 def test_run_labels_tell_same_named_runs_apart(tmp_path):
     """Two runs' folders of one name get their parents in front (each its own lines in a figure);
     a run given twice is numbered; distinct names stay as they are."""
@@ -1003,7 +1025,7 @@ def test_training_table_trend_reads_each_measure_last_minus_first(tmp_path):
 
 # ------------------------------------------------------------------ issue 51: what trained wrongly
 def test_a_format_only_group_gets_no_advantage_that_outweighs_an_outcome_group():
-    from metarag.train.rewards import group_advantages
+    from metarag.evaluate.training_curves import group_advantages
 
     # group 1 differs only by the -0.01 invalid-action penalty; group 2 in the answer (one right of five)
     rewards = [0.0, 0.0, 0.0, 0.0, -0.01] + [1.0, 0.0, 0.0, 0.0, 0.0]

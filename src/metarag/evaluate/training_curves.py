@@ -18,10 +18,12 @@ CURVES_FILE = "curves.png"
 
 
 SMOOTH_STEPS = 10
+FLIPS = "consistency_flips"  # computed from the rollout log, not logged: `flip_shares`
 CURVES = (("accuracy (EM)", ("rewards/outcome/mean",)),
           ("reward", ("rewards/reward/mean", "rewards/consistency/mean")),
           ("per rollout", ("searches", "invalid_actions")),
-          ("belief-action gap", ("under_search_rate", "over_search_rate")))
+          ("belief-action gap", ("under_search_rate", "over_search_rate")),
+          ("consistency's sign flips (% of advantages)", (FLIPS,)))
 
 
 def read_log(out_dir: str | Path) -> list[dict[str, Any]]:
@@ -135,12 +137,107 @@ def run_labels(runs: Sequence[str | Path]) -> list[str]:
     return [x if labels.count(x) == 1 else f"{x} #{labels[:i].count(x) + 1}" for i, x in enumerate(labels)]
 
 
+def group_advantages(rewards: Sequence[float], group_size: int, scale: str = "none") -> list[float]:
+    """GRPO's advantages of one step's rewards, in groups of `group_size` consecutive rollouts, as TRL
+    1.16 forms them (`GRPOTrainer._generate_and_score_completions`, "sum_then_normalize"): reward minus
+    its group's mean, divided by the group's ("group") or the whole step's ("batch") unbiased standard
+    deviation + 1e-4, or not divided ("none"). For reading a run's logged rewards (how many advantages
+    a reward term flips); the trainer's own come from TRL."""
+    import numpy as np
+
+    r = np.asarray(rewards, dtype=float)
+    if group_size < 1 or r.size % group_size:
+        raise ValueError(f"{r.size} rewards do not split into groups of {group_size}")
+    groups = r.reshape(-1, group_size)
+    centred = (groups - groups.mean(axis=1, keepdims=True)).ravel()
+    if scale == "none":
+        return centred.tolist()
+    if scale == "group":
+        std = np.repeat(groups.std(axis=1, ddof=1) if group_size > 1 else np.zeros(len(groups)), group_size)
+    elif scale == "batch":
+        std = np.full(r.size, r.std(ddof=1) if r.size > 1 else 0.0)
+    else:
+        raise ConfigError(f"unknown reward scaling {scale!r}; valid: none, batch, group")
+    return (centred / (std + 1e-4)).tolist()
+
+
+@dataclass(frozen=True)
+class Flips:
+    """What a reward term did to GRPO's advantages over a run's groups: of `advantages` rollouts'
+    advantages, `flipped` changed sign with the term (with it against without it), and `mean_change`
+    the mean |A_with − A_without|."""
+
+    groups: int
+    advantages: int
+    flipped: int
+    mean_change: float
+
+
+def term_flips(groups: Sequence[tuple[Sequence[float], Sequence[float]]], scale: str = "none") -> Flips:
+    """`Flips` of a reward term over `groups`, each (rewards with the term, rewards without it) of one
+    group's scored rollouts, advantages as `group_advantages` forms them (groups of one rollout are
+    left out: no advantage). A sign counts as changed when one advantage is positive and the other is
+    not, or the reverse."""
+    import numpy as np
+
+    flipped = total = used = 0
+    change = 0.0
+    for with_term, without in groups:
+        if len(with_term) != len(without):
+            raise ValueError("a group's rewards with and without the term must pair up")
+        if len(with_term) < 2:
+            continue
+        used += 1
+        a = np.asarray(group_advantages(with_term, len(with_term), scale))
+        b = np.asarray(group_advantages(without, len(without), scale))
+        flipped += int(np.sum((a > 1e-12) != (b > 1e-12)))
+        total += a.size
+        change += float(np.abs(a - b).sum())
+    return Flips(used, total, flipped, change / total if total else 0.0)
+
+
+def run_scale(run: str | Path, given: str | None = None) -> str:
+    """How a run scaled its advantages: `given`, else its settings.json's `scale_rewards`, else "group"
+    (runs saved before the setting scaled by the group's standard deviation)."""
+    if given:
+        return given
+    settings = Path(run).expanduser() / "settings.json"
+    if settings.is_file():
+        return json.loads(settings.read_text()).get("scale_rewards") or "group"
+    return "group"
+
+
+def flip_shares(run: str | Path, scale: str | None = None) -> dict[int, float]:
+    """Per step, the percent of GRPO advantages whose sign the consistency term changed: each group's
+    advantages from its rewards against those from the same rewards without the term (the outcome less
+    the format penalty), scaled as the run scaled them (`term_flips`); {} without a
+    rollout log. 0 throughout for an outcome-only run; near 0 for a belief run means the term trained
+    nothing that the outcome did not."""
+    how = run_scale(run, scale)
+    shares = {}
+    for step, groups in sorted(read_rollout_records(run).items()):
+        pairs = []
+        for records in groups.values():
+            scored = [r for r in records if isinstance(r.get("reward"), (int, float))]
+            pairs.append(([r["reward"] for r in scored],
+                          [(r.get("outcome") or 0.0) - (r.get("penalty") or 0.0) for r in scored]))
+        f = term_flips(pairs, how)
+        if f.advantages:
+            shares[step] = 100 * f.flipped / f.advantages
+    return shares
+
+
 def training_curves(runs: Sequence[str | Path]) -> list[Curve]:
     """The lines of the paper's Figure 3 panels (`CURVES`) for each run, read from its log: what
     `plot_curves` draws, in the order it draws them (panel, then run, then measure). Runs are named
     only when there are several."""
     names = [None] if len(runs) == 1 else run_labels(runs)
-    logs = [(name, read_log(run)) for name, run in zip(names, runs)]
+    logs = []
+    for name, run in zip(names, runs):
+        records = read_log(run)
+        flips = flip_shares(run) if Path(run).expanduser().is_dir() or str(run).endswith("-log.jsonl") else {}
+        logs.append((name, [{**r, FLIPS: flips[int(r["step"])]} if int(r.get("step", 0)) in flips else r
+                            for r in records]))
     curves = []
     for title, keys in CURVES:
         for name, records in logs:

@@ -460,65 +460,6 @@ NEEDS_PROBE = frozenset({"belief", "belief-over-only", "belief-under-only", "bel
 NEEDS_STEP_JUDGES = frozenset({"hiprag"})
 
 
-def group_advantages(rewards: Sequence[float], group_size: int, scale: str = "none") -> list[float]:
-    """GRPO's advantages of one step's rewards, in groups of `group_size` consecutive rollouts, as TRL
-    1.16 forms them (`GRPOTrainer._generate_and_score_completions`, "sum_then_normalize"): reward minus
-    its group's mean, divided by the group's ("group") or the whole step's ("batch") unbiased standard
-    deviation + 1e-4, or not divided ("none"). For reading a run's logged rewards (how many advantages
-    a reward term flips); the trainer's own come from TRL."""
-    import numpy as np
-
-    r = np.asarray(rewards, dtype=float)
-    if group_size < 1 or r.size % group_size:
-        raise ValueError(f"{r.size} rewards do not split into groups of {group_size}")
-    groups = r.reshape(-1, group_size)
-    centred = (groups - groups.mean(axis=1, keepdims=True)).ravel()
-    if scale == "none":
-        return centred.tolist()
-    if scale == "group":
-        std = np.repeat(groups.std(axis=1, ddof=1) if group_size > 1 else np.zeros(len(groups)), group_size)
-    elif scale == "batch":
-        std = np.full(r.size, r.std(ddof=1) if r.size > 1 else 0.0)
-    else:
-        raise ConfigError(f"unknown reward scaling {scale!r}; valid: none, batch, group")
-    return (centred / (std + 1e-4)).tolist()
-
-
-@dataclass(frozen=True)
-class Flips:
-    """What a reward term did to GRPO's advantages over a run's groups: of `advantages` rollouts'
-    advantages, `flipped` changed sign with the term (with it against without it), and `mean_change`
-    the mean |A_with − A_without|."""
-
-    groups: int
-    advantages: int
-    flipped: int
-    mean_change: float
-
-
-def term_flips(groups: Sequence[tuple[Sequence[float], Sequence[float]]], scale: str = "none") -> Flips:
-    """`Flips` of a reward term over `groups`, each (rewards with the term, rewards without it) of one
-    group's scored rollouts, advantages as `group_advantages` forms them (groups of one rollout are
-    left out: no advantage). A sign counts as changed when one advantage is positive and the other is
-    not, or the reverse."""
-    import numpy as np
-
-    flipped = total = used = 0
-    change = 0.0
-    for with_term, without in groups:
-        if len(with_term) != len(without):
-            raise ValueError("a group's rewards with and without the term must pair up")
-        if len(with_term) < 2:
-            continue
-        used += 1
-        a = np.asarray(group_advantages(with_term, len(with_term), scale))
-        b = np.asarray(group_advantages(without, len(without), scale))
-        flipped += int(np.sum((a > 1e-12) != (b > 1e-12)))
-        total += a.size
-        change += float(np.abs(a - b).sum())
-    return Flips(used, total, flipped, change / total if total else 0.0)
-
-
 def reward_function(name: str) -> RewardFunction:
     """The reward a trainer's `--reward NAME` names; ConfigError with the close matches otherwise."""
     try:
