@@ -167,3 +167,62 @@ def test_the_linear_probe_reads_hidden_states_of_the_closed_book_prompt(tmp_path
     assert chosen["layer"] in (1, 2) and chosen["layers"] == [1, 2]
     assert any(r.signal == "linear" for r in results)
     assert (tmp_path / "p" / "states-demo.npz").is_file()
+
+
+def test_hidden_states_read_before_a_kill_are_not_read_again(tmp_path):
+    """The hidden states are saved every STATES_EVERY questions (states-<set>.partial.npz): a probe killed
+    at the 61st question reads only the 50 it had not saved when started again, and the finished file
+    holds every question's states in the run's order."""
+    pytest.importorskip("sklearn")
+    from tiny_hf import tiny_llm
+
+    from metarag.evaluate.belief_signal import STATES_EVERY
+
+    assert STATES_EVERY == 25
+    hidden = tiny_llm()
+
+    class Counting:
+        def __init__(self, fail_at: int | None = None):
+            self.calls, self.fail_at, self.identity = 0, fail_at, hidden.identity
+
+        def chat(self, prompt, decoding):
+            self.calls += 1
+            if self.calls == self.fail_at:
+                raise RuntimeError("killed")
+            return hidden.chat(prompt, decoding)
+
+    from metarag.data.datasets import resolve_preset
+
+    demo = resolve_preset("demo").questions
+    known, gold = {q.text for q in demo[:40]}, {q.text: q.answers[0] for q in demo}
+
+    def answers(prompt: str) -> str:
+        question = prompt.rsplit("Question: ", 1)[1].split("\n<assistant>")[0]
+        return gold[question] if question in known else "no idea"
+
+    settings = ProbeSettings(llm="embedded", hidden_llm="hf", samples=0, eval_sets=(QuestionSet("demo"),),
+                             train_sets=(QuestionSet("demo"),), layers=(1, 2))
+    llm = ScriptedLLM([("Question:", answers)], label_rules=[(".", {"Yes": 0.5, "No": 0.5})])
+    dying = Counting(fail_at=61)
+    with pytest.raises(RuntimeError, match="killed"):
+        measure(settings, tmp_path / "p", tmp_path / "runs", llm=llm, hidden_llm=dying)
+    assert (tmp_path / "p" / "states-demo.partial.npz").is_file() and not (tmp_path / "p" / "states-demo.npz").exists()
+    again = Counting()
+    measure(settings, tmp_path / "p", tmp_path / "runs", llm=llm, hidden_llm=again)
+    assert again.calls == 50
+    final = np.load(tmp_path / "p" / "states-demo.npz")
+    assert final["states"].shape == (100, 2, 64) and not (tmp_path / "p" / "states-demo.partial.npz").exists()
+    fresh = [last_token_states_of(hidden, tmp_path, i) for i in (0, 99)]
+    assert np.allclose(final["states"][0], fresh[0], atol=1e-5)
+    assert np.allclose(final["states"][99], fresh[1], atol=1e-5)
+
+
+def last_token_states_of(hidden, tmp_path, index: int):
+    """The states of the index-th question's closed-book prompt, read anew from the kept run."""
+    from metarag.evaluate.belief_signal import last_token_states
+    from metarag.evaluate.report import load_run
+
+    [run_dir] = [p for p in (tmp_path / "runs").iterdir() if p.name.startswith("closed-book")]
+    result = load_run(run_dir).results[index]
+    prompt = next(s.prompt for s in result.trace.steps if getattr(s, "purpose", None) == "answer")
+    return last_token_states(hidden, prompt, (1, 2))

@@ -159,6 +159,9 @@ def agreement(greedy: str, samples: Sequence[str]) -> float:
     return sum(normalize_answer(s) == target for s in samples) / len(samples)
 
 
+STATES_EVERY = 25  # questions between two saves of the hidden states read so far (states-<set>.partial.npz)
+
+
 def last_token_states(llm: Any, prompt: Sequence[Any], layers: Sequence[int]) -> np.ndarray:
     """The hidden states of the prompt's last token at `layers` (0: the embeddings), as (len(layers),
     width) float32, from a back-end that returns them (transformers)."""
@@ -359,13 +362,31 @@ def _linear_scores(settings: ProbeSettings, out: Path, runs_dir: str | Path, gre
             cached = np.load(path)
             if list(cached["ids"]) == ids and list(cached["layers"]) == list(layers):
                 return ids, cached["states"], cached["em"]
-        log(f"probe: hidden states of {len(ids)} questions of {qs.label}")
-        rows = []
-        for r in run.results:
+        partial = path.with_name(path.stem + ".partial.npz")  # what a killed session had read: kept
+        done: dict[str, np.ndarray] = {}
+        if partial.is_file():
+            kept = np.load(partial)
+            if list(kept["layers"]) == list(layers):
+                done = dict(zip(map(str, kept["ids"]), kept["states"]))
+        log(f"probe: hidden states of {len(ids)} questions of {qs.label}"
+            + (f" ({len(set(done) & set(ids))} read before)" if done else ""))
+
+        def keep(target: Path) -> None:  # written whole, then renamed: a kill never leaves half a file
+            tmp = target.with_name(target.name + ".tmp.npz")
+            order = list(done)
+            np.savez(tmp, ids=np.array(order), layers=np.array(layers), states=np.stack([done[i] for i in order]))
+            tmp.replace(target)
+
+        for n, r in enumerate(run.results, 1):
+            if r.question_id in done:
+                continue
             prompt = next(s.prompt for s in r.trace.steps if getattr(s, "purpose", None) == "answer")
-            rows.append(last_token_states(hidden_llm, prompt, layers))
-        states, em = np.stack(rows), np.array([r.scores.em for r in run.results])
+            done[r.question_id] = last_token_states(hidden_llm, prompt, layers)
+            if n % STATES_EVERY == 0:
+                keep(partial)
+        states, em = np.stack([done[i] for i in ids]), np.array([r.scores.em for r in run.results])
         np.savez(path, ids=np.array(ids), layers=np.array(layers), states=states, em=em)
+        partial.unlink(missing_ok=True)
         return ids, states, em
 
     train_states, train_labels = [], []
