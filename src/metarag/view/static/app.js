@@ -102,7 +102,8 @@ async function runsPage(mine) {
         h("td", {}, h("a", { href: `#/questions?a=0&b=${run.index}` }, run.name)), cells.map((c) => h("td", {}, c)));
     });
     page.push(h("p", { class: "muted small" }, "The table metarag report prints, computed by the same code ",
-      "(evaluate/report.py). * marks p < 0.05 against the first run (paired t-test)."));
+      "(evaluate/report.py): paired tests against the first run (exact McNemar on EM and cover-EM, a ",
+      "permutation test on F1), * where the Holm-adjusted p is below 0.05."));
     page.push(h("div", { class: "scroll" }, h("table", { class: "report", id: "report" }, h("thead", {}, head),
       h("tbody", {}, rows))));
   } else {
