@@ -226,3 +226,20 @@ def last_token_states_of(hidden, tmp_path, index: int):
     result = load_run(run_dir).results[index]
     prompt = next(s.prompt for s in result.trace.steps if getattr(s, "purpose", None) == "answer")
     return last_token_states(hidden, prompt, (1, 2))
+
+
+def test_the_verdict_says_which_signals_pass_within_each_set_not_only_pooled():
+    """Pooled over two sets whose closed-book EM differs, a signal can pass by telling the sets apart:
+    the verdict names the signals that reach 0.65 within every set apart."""
+    from metarag.evaluate.belief_signal import SignalResult, format_signals
+    from metarag.evaluate.stats import Interval
+
+    def r(signal, questions, estimate):
+        return SignalResult(signal, "EM", questions, 200, 50, Interval(estimate, estimate - .05, estimate + .05, .95))
+
+    results = [r("probe", "a", 0.55), r("probe", "b", 0.70), r("probe", "all", 0.68),
+               r("agreement", "a", 0.70), r("agreement", "b", 0.74), r("agreement", "all", 0.72)]
+    text = format_signals(results, ProbeSettings(llm="embedded", eval_sets=(QuestionSet("demo"),)))
+    assert "Reaching AUROC 0.65 on EM over all questions: probe, agreement; with the whole 95 % CI above it: " \
+           "agreement." in text
+    assert "Within each set (a, b): agreement." in text

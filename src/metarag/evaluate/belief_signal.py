@@ -450,6 +450,12 @@ def format_signals(results: Sequence[SignalResult], settings: ProbeSettings) -> 
     lines += ["", f"Reaching AUROC {TARGET} on EM over all questions: "
               + (", ".join(passing) if passing else "none")
               + (f"; with the whole 95 % CI above it: {', '.join(sure)}" if sure else "") + "."]
+    sets = sorted({r.questions for r in results if r.questions != "all"})
+    if len(sets) > 1:  # pooled, a signal can pass by telling the sets apart (their closed-book EM differs)
+        within = [name for name in dict.fromkeys(r.signal for r in overall)
+                  if all(any(r.signal == name and r.label == "EM" and r.questions == q and r.auroc.estimate >= TARGET
+                             for r in results) for q in sets)]
+        lines.append(f"Within each set ({', '.join(sets)}): " + (", ".join(within) if within else "none") + ".")
     return "\n".join(lines)
 
 
