@@ -243,3 +243,52 @@ def test_the_verdict_says_which_signals_pass_within_each_set_not_only_pooled():
     assert "Reaching AUROC 0.65 on EM over all questions: probe, agreement; with the whole 95 % CI above it: " \
            "agreement." in text
     assert "Within each set (a, b): agreement." in text
+
+
+def test_out_of_fold_beliefs_never_see_their_own_label_and_follow_the_signal(tmp_path):
+    """scripts/belief-table --linear: each pool question's p_right from a probe fitted on the other folds.
+    On synthetic states where one direction carries the label, the out-of-fold probabilities rank right
+    above wrong (AUROC well above chance) and are calibrated near the base rate; on noise they are at
+    chance (no question's own label reaches its belief). The script writes one record per pool question
+    from a probe folder."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from metarag.evaluate.belief_signal import auroc, out_of_fold_p_right
+
+    rng = np.random.default_rng(0)
+    n, width = 300, 16
+    y = rng.random(n) < 0.25
+    states = rng.normal(size=(n, width))
+    states[:, 0] += 1.5 * y
+    p = out_of_fold_p_right(states, y, c=1.0)
+    assert auroc(p, y).estimate > 0.8 and abs(p.mean() - y.mean()) < 0.05
+    # on pure noise a probe fitted on all questions would "know" its training labels; out of fold, chance
+    noise = rng.normal(size=(n, 200))
+    assert abs(auroc(out_of_fold_p_right(noise, y, c=1.0), y).estimate - 0.5) < 0.1
+
+    probe = tmp_path / "probe"
+    probe.mkdir()
+    (probe / "settings.json").write_text(json.dumps({"train_sets": ["a", "b:pool"], "seed": 0}))
+    (probe / "linear-probe.json").write_text(json.dumps({"layer": 8, "C": 1.0, "layers": [4, 8]}))
+    ids = [f"q{i}" for i in range(n)]
+    layered = np.stack([rng.normal(size=(n, width)), states], axis=1)  # layer 8 is the informative one
+    np.savez(probe / "states-a.npz", ids=np.array(ids[:100]), layers=np.array([4, 8]), states=layered[:100],
+             em=y[:100].astype(float))
+    np.savez(probe / "states-b.pool.npz", ids=np.array(ids[100:]), layers=np.array([4, 8]), states=layered[100:],
+             em=y[100:].astype(float))
+    pool = tmp_path / "pool.jsonl"
+    pool.write_text("".join(json.dumps({"id": q}) + "\n" for q in ids[::3]))
+    script = Path(__file__).parents[1] / "scripts" / "belief-table"
+    out = tmp_path / "beliefs.jsonl"
+    done = subprocess.run([sys.executable, str(script), "--linear", str(probe), str(pool), str(out)],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["question_id"] for r in rows] == ids[::3] and all(0 <= r["p_right"] <= 1 for r in rows)
+    assert np.allclose([r["p_right"] for r in rows], p[::3], atol=1e-6)
+    pool.write_text(json.dumps({"id": "elsewhere"}) + "\n")
+    refused = subprocess.run([sys.executable, str(script), "--linear", str(probe), str(pool), str(out)],
+                             capture_output=True, text=True)
+    assert refused.returncode != 0 and "1 pool questions are not among the probe's training questions" in refused.stderr

@@ -425,3 +425,9 @@ def test_a_belief_table_gives_the_first_step_its_belief_and_no_probe_runs(tmp_pa
 
     with pytest.raises(DataError, match="line 1: agreement 2.0 is outside"):
         read_belief_table(str(table))
+    # the linear probe's table: p_right, the same b = 2x - 1
+    table.write_text('{"question_id": "q1", "p_right": 0.9}\n{"question_id": "q2", "p_right": 0.1, "em": 0}\n')
+    assert read_belief_table(str(table)) == {"q1": pytest.approx(0.8), "q2": pytest.approx(-0.8)}
+    table.write_text('{"question_id": "q1", "p_right": -0.1}\n')
+    with pytest.raises(DataError, match="line 1: p_right -0.1 is outside"):
+        read_belief_table(str(table))

@@ -228,6 +228,28 @@ def fit_linear_probe(states: np.ndarray, labels: Sequence[bool], layers: Sequenc
     return LinearProbe(layers[j], c, score, model)
 
 
+def out_of_fold_p_right(states: np.ndarray, labels: Sequence[bool], c: float, folds: int = 5,
+                        seed: int = 0) -> np.ndarray:
+    """Each question's probability that its closed-book answer is right, from a logistic regression on
+    its (standardized) hidden states of one layer fitted on the other folds only (stratified, seeded):
+    what a probe that never saw the question's label believes of it. Unweighted, unlike the probe that
+    chose the layer and C (whose balanced classes suit AUROC), so the probabilities are calibrated to the
+    real share of right answers and p > 0.5 means "more likely right than wrong". `states`: (questions,
+    width)."""
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.model_selection import StratifiedKFold, cross_val_predict
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    y = np.asarray(labels, dtype=bool)
+    if min(int(y.sum()), int((~y).sum())) < folds:
+        raise DataError(f"out-of-fold beliefs need at least {folds} right and {folds} wrong answers; got "
+                        f"{int(y.sum())} right of {len(y)}")
+    model = make_pipeline(StandardScaler(), LogisticRegression(C=c, max_iter=2000))
+    split = StratifiedKFold(folds, shuffle=True, random_state=seed)
+    return cross_val_predict(model, states, y, cv=split, method="predict_proba")[:, 1]
+
+
 # ------------------------------------------------------------------------------------ the measurement
 @dataclass(frozen=True)
 class Reading:

@@ -190,13 +190,15 @@ class BeliefAgentSettings:
     measures what it changes). The prefix is prompt, not generation: training gives it no gradient.
 
     `belief_table` (a file; empty: off) replaces the probe by a belief read from the table, at the first
-    step only: b = 2a − 1 for the question's agreement a among K sampled closed-book answers of the
-    starting model (`scripts/belief-table`, from `eval --samples K` runs). Ours, because the paper's
-    probe carries no signal at 1.5B (AUROC 0.55 against closed-book correctness, agreement 0.72:
-    docs/report.md §4). The first step is where "do I know the answer?" is a question of the model's
-    own knowledge, which closed-book agreement measures; after a search the question is whether the
-    evidence suffices, which it does not, so later steps get no belief (and the consistency reward
-    reads the first step alone). A frozen table also stays put while the policy trains.
+    step only: b = 2p − 1 for the probability p that the starting model's closed-book answer is right,
+    as a linear probe on its hidden states puts it, out of fold (`scripts/belief-table --linear`), or
+    b = 2a − 1 for the question's agreement a among K sampled closed-book answers (`scripts/belief-table`
+    from `eval --samples K` runs). Ours, because the paper's probe carries no signal at 1.5B (AUROC 0.55
+    against closed-book correctness; agreement 0.72, the linear probe 0.85: docs/report.md §4). The
+    first step is where "do I know the answer?" is a question of the model's own knowledge, which both
+    tables measure; after a search the question is whether the evidence suffices, which they do not,
+    so later steps get no belief (and the consistency reward reads the first step alone). A frozen
+    table also stays put while the policy trains.
     """
 
     T: int = setting(4, ge=1)
@@ -218,8 +220,11 @@ class BeliefAgentSettings:
 
 
 def read_belief_table(path: str) -> dict[str, float]:
-    """A belief table: JSON lines {"question_id" (or "id"), "agreement" in [0, 1]}; question id -> b =
-    2 * agreement - 1. A missing file or a bad line is an error naming the file and line."""
+    """A belief table: JSON lines {"question_id" (or "id"), and "p_right" or "agreement" in [0, 1]};
+    question id -> b = 2x - 1. `p_right`: the linear probe's out-of-fold probability that the starting
+    model's closed-book answer is right (`scripts/belief-table --linear`); `agreement`: the share of K
+    sampled closed-book answers equal to the greedy one. A missing file or a bad line is an error naming
+    the file and line."""
     import json
     from pathlib import Path
 
@@ -234,13 +239,14 @@ def read_belief_table(path: str) -> dict[str, float]:
             continue
         try:
             record = json.loads(line)
-            qid, agreement = str(record.get("question_id", record.get("id"))), float(record["agreement"])
+            key = "p_right" if "p_right" in record else "agreement"
+            qid, value = str(record.get("question_id", record.get("id"))), float(record[key])
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise DataError(f"line {n}: not a belief record {{question_id, agreement}} ({exc})",
+            raise DataError(f"line {n}: not a belief record {{question_id, p_right or agreement}} ({exc})",
                             path=str(file)) from None
-        if not 0.0 <= agreement <= 1.0:
-            raise DataError(f"line {n}: agreement {agreement} is outside [0, 1]", path=str(file))
-        table[qid] = 2.0 * agreement - 1.0
+        if not 0.0 <= value <= 1.0:
+            raise DataError(f"line {n}: {key} {value} is outside [0, 1]", path=str(file))
+        table[qid] = 2.0 * value - 1.0
     return table
 
 
