@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -207,6 +207,17 @@ def run_scale(run: str | Path, given: str | None = None) -> str:
     return "group"
 
 
+def term_pairs(groups: Iterable[Sequence[dict[str, Any]]]) -> list[tuple[list[float], list[float]]]:
+    """Each group's scored rollouts as (rewards with the consistency term, the same without it: the
+    outcome less the format penalty), from rollout-log records: what `term_flips` compares."""
+    pairs = []
+    for records in groups:
+        scored = [r for r in records if isinstance(r.get("reward"), (int, float))]
+        pairs.append(([r["reward"] for r in scored],
+                      [(r.get("outcome") or 0.0) - (r.get("penalty") or 0.0) for r in scored]))
+    return pairs
+
+
 def flip_shares(run: str | Path, scale: str | None = None) -> dict[int, float]:
     """Per step, the percent of GRPO advantages whose sign the consistency term changed: each group's
     advantages from its rewards against those from the same rewards without the term (the outcome less
@@ -216,12 +227,7 @@ def flip_shares(run: str | Path, scale: str | None = None) -> dict[int, float]:
     how = run_scale(run, scale)
     shares = {}
     for step, groups in sorted(read_rollout_records(run).items()):
-        pairs = []
-        for records in groups.values():
-            scored = [r for r in records if isinstance(r.get("reward"), (int, float))]
-            pairs.append(([r["reward"] for r in scored],
-                          [(r.get("outcome") or 0.0) - (r.get("penalty") or 0.0) for r in scored]))
-        f = term_flips(pairs, how)
+        f = term_flips(term_pairs(groups.values()), how)
         if f.advantages:
             shares[step] = 100 * f.flipped / f.advantages
     return shares
@@ -235,7 +241,7 @@ def training_curves(runs: Sequence[str | Path]) -> list[Curve]:
     logs = []
     for name, run in zip(names, runs):
         records = read_log(run)
-        flips = flip_shares(run) if Path(run).expanduser().is_dir() or str(run).endswith("-log.jsonl") else {}
+        flips = flip_shares(run)  # {} without a rollout log
         logs.append((name, [{**r, FLIPS: flips[int(r["step"])]} if int(r.get("step", 0)) in flips else r
                             for r in records]))
     curves = []
