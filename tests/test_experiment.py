@@ -225,3 +225,25 @@ def test_every_experiment_file_loads_and_a_judge_goes_to_every_cell(tmp_path):
     assert plain.judge_llm is None and plain.samples.k == 1
     sampled = experiment_from_dict({"name": "s", "datasets": ["demo"], "samples": 4, "rows": [{"method": "cot"}]})
     assert eval_config(sampled, Row("cot"), "demo", tmp_path).samples.k == 4
+
+
+def test_the_headline_files_hold_the_rows_issue_50_lists_on_the_committed_question_lists():
+    """The three papers' n = 200 tables: closed-book, standard-rag, ircot, metarag (the study); evoctx,
+    iterdrag, dragin-entropy (EvoCtx); search-r1 and belief-agent (the belief-action paper), on both
+    datasets; on HotpotQA only, self-ask and SIM-RAG with its trained critic (a folder, not the LLM)."""
+    both = ("hotpotqa-dev500", "2wiki-dev1000")
+    wanted = {"study": ["closed-book", "standard-rag", "ircot", "metarag"],
+              "evoctx": ["evoctx", "iterdrag", "dragin-entropy"], "agent": ["search-r1", "belief-agent"]}
+    references = {"study": "metarag", "evoctx": "evoctx", "agent": "belief-agent"}
+    for paper, methods in wanted.items():
+        experiment = load_experiment(EXPERIMENTS / f"headline-{paper}.toml")
+        assert experiment.questions == "headline200" and experiment.datasets == both
+        for dataset in both:
+            on = [r.method for r in experiment.rows if r.runs_on(dataset)]
+            assert all(m in on for m in methods), (paper, dataset, on)
+        assert experiment.reference_row().method == references[paper]
+    study = load_experiment(EXPERIMENTS / "headline-study.toml")
+    hotpot_only = {r.method: r for r in study.rows if r.datasets == ("hotpotqa-dev500",)}
+    assert set(hotpot_only) == {"self-ask", "sim-rag"}
+    critic = dict(hotpot_only["sim-rag"].settings)["critic"]
+    assert critic != "llm" and critic.startswith("docs/table-runs/headline/")
