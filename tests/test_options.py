@@ -54,6 +54,7 @@ SAMPLES = {
     "samples": (4, 4, {}),
     "temperature": (0.7, 0.7, {"samples": 2}),
     "top_p": (0.9, 0.9, {"samples": 2}),
+    "samples_until": ("mixed", "mixed", {"samples": 2}),
     "judge_llm": ("openai:judge@http://127.0.0.1:9/v1", "openai:judge@http://127.0.0.1:9/v1", {}),
     "judge_prompt": ("agentic-rag", "agentic-rag", {"judge_llm": "embedded"}),
     "llm": ("openai:m@http://127.0.0.1:9/v1", "openai", {}),

@@ -141,6 +141,46 @@ def test_the_filter_reads_a_sampled_run_and_writes_the_kept_questions(tmp_path):
     assert [json.loads(line)["id"] for line in (tmp_path / "kept.jsonl").read_text().splitlines()] == ["q0", "q2"]
 
 
+def test_a_question_stopped_early_at_a_right_and_a_wrong_sample_is_kept_by_a_1_to_k_minus_1_window():
+    from metarag.train.difficulty import difficulty_filter
+
+    samples = [("mixed", 0, 0.0), ("mixed", 1, 1.0), ("wrong-so-far", 0, 0.0), ("wrong-so-far", 1, 0.0)]
+    samples += [("never", i, 0.0) for i in range(5)]
+    got = difficulty_filter(samples, k=5, low=1, high=4)
+    assert got.kept == ("mixed",) and got.mixed == ("mixed",) and got.incomplete == ("wrong-so-far",)
+    assert got.right_counts == {0: 1} and got.measured == 2
+    narrow = difficulty_filter(samples, k=5, low=2, high=3)  # 1 right of 2 does not say 2..3 of 5
+    assert narrow.kept == () and narrow.mixed == () and set(narrow.incomplete) == {"mixed", "wrong-so-far"}
+
+
+def test_sampling_until_mixed_stops_a_question_at_its_first_right_and_wrong_and_the_rest_can_follow(tmp_path):
+    import json
+
+    from metarag import run
+    from metarag.errors import ConfigError
+    from metarag.llm.scripted import ScriptedLLM
+    from metarag.train.difficulty import difficulty_filter, run_samples
+
+    answers = iter(["Paris", "Rome", "Paris", "Oslo"] * 1000)
+    llm = ScriptedLLM([("Question:", lambda prompt: next(answers))])
+    data = tmp_path / "pool_train.jsonl"
+    data.write_text("".join(json.dumps({"id": f"q{i}", "question": f"Question {i}?", "golden_answers": [g]}) + "\n"
+                            for i, g in enumerate(["Paris", "Berlin"])))
+    sampled = run("closed-book", data, samples=5, samples_until="mixed", runs_dir=tmp_path / "runs", llm_instance=llm)
+    per_question = {q: sorted(i for qid, i, _ in run_samples(sampled.path) if qid == q) for q in ("q0", "q1")}
+    # q0: Paris (right), Rome (wrong): decided after two; q1 (Berlin) never right: all five
+    assert per_question == {"q0": [0, 1], "q1": [0, 1, 2, 3, 4]}
+    assert difficulty_filter(run_samples(sampled.path)).kept == ("q0",)
+    # the same run folder (until is not in the run id): a run of all five samples adds q0's other three
+    full = run("closed-book", data, samples=5, runs_dir=tmp_path / "runs", llm_instance=llm)
+    assert full.path == sampled.path and len(run_samples(full.path)) == 10
+    with pytest.raises(ConfigError, match="--samples-until mixed takes one answer at a time"):
+        run("closed-book", data, samples=5, samples_until="mixed", workers=2, runs_dir=tmp_path / "runs",
+            llm_instance=llm)
+    with pytest.raises(ConfigError, match="'until' must be one of all, mixed"):
+        run("closed-book", data, samples=5, samples_until="some", runs_dir=tmp_path / "runs", llm_instance=llm)
+
+
 def test_no_training_command_learns_from_a_held_out_question(tmp_path):
     from conftest import SHARED_DATA
 

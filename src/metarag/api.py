@@ -89,7 +89,7 @@ def run(method: str, dataset: str | Path, *, llm: str = "embedded", settings: Ma
         retriever: str = "bm25", reranker: str = "none", rerank_depth: int = 20, limit: int | None = None,
         seed: int = 0, questions: str | None = None, types: Sequence[str] = (), corpus: str | Path | None = None,
         format: str | None = None, allow_unanswerable: bool = False, runs_dir: str | Path | None = None,
-        samples: int = 1, temperature: float | None = None, top_p: float | None = None,
+        samples: int = 1, temperature: float | None = None, top_p: float | None = None, samples_until: str | None = None,
         judge_llm: str | None = None, judge_prompt: str | None = None, gguf: str | Path | None = None,
         base_url: str | None = None, model: str | None = None, api_key_env: str | None = None,
         threads: int | None = None, n_ctx: int | None = None, prefix_chunk: int = 0,
@@ -109,7 +109,8 @@ def run(method: str, dataset: str | Path, *, llm: str = "embedded", settings: Ma
     (`metarag eval --help`; `evaluate.options.OPTIONS`), None its default: `retriever`, `reranker`,
     `rerank_depth`; `limit` / `seed` (a seeded sample), `questions` (a committed list of question ids),
     `types`, `allow_unanswerable`; `runs_dir` (default `$METARAG_RUNS`, else ./runs); `samples` k sampled
-    answers a question (`temperature` / `top_p`: 0.6 / 0.95), avg@k and pass@k in the table; `judge_llm`
+    answers a question (`temperature` / `top_p`: 0.6 / 0.95; `samples_until` "mixed" stops a question's
+    samples at its first right and wrong pair, for a difficulty filter), avg@k and pass@k in the table; `judge_llm`
     judges every answer afterwards with `judge_prompt`; the model's `gguf`, `base_url`, `model`,
     `api_key_env`, `threads`, `n_ctx`, `prefix_chunk`, `lora` and `response_cache`; and how the session
     runs: `workers`, `batch` (questions in lockstep, each round's requests one batch), `shard` ("i/n":

@@ -11,6 +11,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from metarag.errors import ConfigError
 from metarag.evaluate.runs import Shard
@@ -51,11 +52,20 @@ class Samples:
     answer, as every method's own decoding. k > 1: every answer is sampled at `temperature` / `top_p`,
     0.6 / 0.95 by default, the sampling DeepSeek-R1 reports pass@1 over k samples with (Guo et al., 2025,
     §3.1, evaluation setup); sample i of a question is seeded by `sample_seed(run seed, question, i)`.
-    The sampling is hashed into the run id, k is not: `--samples 8` on a 4-sample run adds samples 4-7."""
+    The sampling is hashed into the run id, k is not: `--samples 8` on a 4-sample run adds samples 4-7.
+
+    `until`: "all" takes k samples of every question; "mixed" stops a question's samples once they hold
+    a right and a wrong answer (EM). That is all a difficulty filter of right counts 1..k-1 needs to
+    know (R1-Searcher's 1..4 of 5, `train.difficulty`): such a question is kept whatever its other
+    samples say, and the ones it skips cost the filter nothing. Its samples are the same seeded samples
+    a full run takes (so "mixed" is not hashed, and a later run with "all" adds the rest), but avg@k
+    and pass@k over a run stopped early are biased towards its mixed questions: a filter's run, read
+    by `scripts/filter-pool`. One answer at a time (no --workers / --batch), so each stop is known."""
 
     k: int = setting(1, ge=1)
     temperature: float = setting(0.6, gt=0)
     top_p: float = setting(0.95, gt=0, le=1)
+    until: Literal["all", "mixed"] = "all"
 
     def __post_init__(self) -> None:
         if isinstance(self.k, int) and self.k > MAX_SAMPLES:  # before anything is sized by k

@@ -106,6 +106,9 @@ def evaluate(config: EvalConfig, *, progress: bool = True, llm=None, retriever=N
         done = {key: r for key, r in latest.items() if key not in retry}
         mine = config.shard.take(dataset.questions) if config.shard else dataset.questions
         todo = [(q, i) for q in mine for i in range(k) if (q.id, i) not in done]
+        if config.samples.until == "mixed":  # the questions decided already take no more samples
+            seen = _outcomes(done)
+            todo = [(q, i) for q, i in todo if len(seen.get(q.id, ())) < 2]
         if llm is not None:  # a model passed in: it answers whatever is left, or the run is read as its own
             check_model_identity(store, llm.identity)
         elif not todo:  # nothing to run: the model the spec builds, where that is known without loading it
@@ -155,7 +158,7 @@ def _session(config: EvalConfig, store: RunStore, method: Method, dataset, resol
     total = len(store.shard.take(dataset.questions)) if store.shard else len(dataset.questions)
     of_shard = f" of shard {store.shard.label}" if store.shard else ""
     k = config.samples.k
-    total *= k
+    total = total * k if config.samples.until == "all" else len(done) + len(todo)  # "mixed": at most
     if done or retrying:
         again = f", retrying {retrying} failed" if retrying else ""
         what = f"answers ({k} per question)" if k > 1 else "questions"
@@ -177,7 +180,8 @@ def _session(config: EvalConfig, store: RunStore, method: Method, dataset, resol
         check_backend(runtime.llm_for(spec), f"model {spec}")
     try:
         _run_questions(method, todo, runtime, store, config.workers, done, total, progress,
-                       on_result, config.max_consecutive_failures, config.batch, seeds)
+                       on_result, config.max_consecutive_failures, config.batch, seeds,
+                       until_mixed=config.samples.until == "mixed")
         session["outcome"] = "finished"
     except BaseException as exc:
         session["outcome"] = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
@@ -272,16 +276,28 @@ class _Stopped(Exception):
     """Raised out of `run_many` by the harness when consecutive failures stop a batched run."""
 
 
+def _outcomes(results: dict) -> dict[str, set[bool]]:
+    """Per question, the outcomes (EM right or not) its finished samples in `results` (keyed by (question
+    id, sample)) hold; a failed answer decides nothing (a retryable one runs again)."""
+    seen: dict[str, set[bool]] = {}
+    for (qid, _), result in results.items():
+        if not result.failed:
+            seen.setdefault(qid, set()).add(result.scores.em == 1.0)
+    return seen
+
+
 def _run_questions(method: Method, todo: list[tuple[Question, int]], runtime: Runtime, store: RunStore,
                    workers: int, done: dict, total: int, progress: bool, on_result, max_consecutive_failures: int,
-                   batch: int = 1, seeds: list[int] | None = None) -> None:
-    """Run and write each (question, sample) of `todo`; `seeds`: the rollout seed of each, for a sampled run."""
+                   batch: int = 1, seeds: list[int] | None = None, until_mixed: bool = False) -> None:
+    """Run and write each (question, sample) of `todo`; `seeds`: the rollout seed of each, for a sampled run;
+    `until_mixed`: skip a question's later samples once it has a right and a wrong one (one at a time)."""
     from tqdm import tqdm
 
     bar = tqdm(total=total, initial=len(done), disable=not progress, unit="q", dynamic_ncols=True)
     sums = {"em": sum(r.scores.em for r in done.values()), "f1": sum(r.scores.f1 for r in done.values())}
     count = len(done)
     lock = threading.Lock()
+    seen = _outcomes(done) if until_mixed else {}
     streak: list[QuestionResult] = []  # the retryable failures since the last other outcome
     stopped: list[str] = []  # why the run stopped early, once it did
     recheck: list[QuestionResult] = []  # a retryable failure not yet followed by a health check
@@ -341,8 +357,14 @@ def _run_questions(method: Method, todo: list[tuple[Question, int]], runtime: Ru
                     run_many(method, [q for q, _ in todo], runtime, seeds=seeds, window=batch, on_trace=settled)
             elif workers == 1:
                 for n, (question, sample) in enumerate(todo):
+                    if until_mixed and len(seen.get(question.id, ())) == 2:  # decided by an earlier sample
+                        bar.total -= 1
+                        continue
                     seed = None if seeds is None else seeds[n]
-                    finish(score(question, run(method, question, runtime, seed=seed), sample))
+                    result = score(question, run(method, question, runtime, seed=seed), sample)
+                    finish(result)
+                    if until_mixed and not result.failed:
+                        seen.setdefault(question.id, set()).add(result.scores.em == 1.0)
                     written += 1
                     if stop():
                         break

@@ -140,6 +140,10 @@ OPTIONS: tuple[Option, ...] = (
            "0.95: DeepSeek-R1's pass@1 sampling)", float, flags=("--sample-temperature",), metavar="T"),
     Option("top_p", "samples.top_p", "nucleus sampling of --samples K (default 0.95)", float, flags=("--sample-top-p",),
            metavar="P"),
+    Option("samples_until", "samples.until", "all (default): K samples of every question; mixed: stop a question's "
+           "samples once they hold a right and a wrong answer (EM), all that a 1..K-1 difficulty filter needs "
+           "(scripts/filter-pool); avg@k and pass@k of such a run are biased",
+           metavar="all|mixed"),
     # the answer judge
     Option("judge_llm", "judge_llm", "after the questions, judge every answer with an LLM (LLM-as-judge "
            "accuracy: is the prediction right given the question and gold answers?): alone the embedded model, "
@@ -192,8 +196,12 @@ def config_from_options(values: Mapping[str, Any]) -> EvalConfig:
         raise ConfigError("give a method to evaluate (--method NAME)")
     if "judge_prompt" in given and "judge_llm" not in given:
         raise ConfigError("--judge-prompt sets the prompt of --judge-llm; give both")
-    if given.get("samples", 1) == 1 and ("temperature" in given or "top_p" in given):
-        raise ConfigError("--sample-temperature and --sample-top-p set the sampling of --samples K; give K > 1")
+    if given.get("samples", 1) == 1 and ("temperature" in given or "top_p" in given or "samples_until" in given):
+        raise ConfigError("--sample-temperature, --sample-top-p and --samples-until set the sampling of --samples K; "
+                          "give K > 1")
+    if given.get("samples_until", "all") != "all" and (given.get("workers", 1) > 1 or given.get("batch", 1) > 1):
+        raise ConfigError("--samples-until mixed takes one answer at a time, to know when a question is decided: "
+                          "drop --workers / --batch")
     fields: dict[str, dict[str, Any]] = {group: {} for group in ("", *NESTED)}
     for name, value in given.items():
         group, _, leaf = BY_NAME[name].target.rpartition(".")

@@ -17,16 +17,19 @@ from metarag.errors import ConfigError, DataError
 
 @dataclass(frozen=True)
 class Filtered:
-    """The questions kept, and how many questions had each number of right samples (0..k)."""
+    """The questions kept, and how many questions had each number of right samples (0..k); `mixed`: the
+    questions whose samples stopped early at a right and a wrong one (`eval --samples-until mixed`), right
+    in 1..k-1 of k whatever the rest would say; `incomplete`: those the window cannot decide yet."""
 
     kept: tuple[str, ...]
     right_counts: dict[int, int]
     k: int
     incomplete: tuple[str, ...] = ()
+    mixed: tuple[str, ...] = ()
 
     @property
     def measured(self) -> int:
-        return sum(self.right_counts.values())
+        return sum(self.right_counts.values()) + len(self.mixed)
 
 
 def right_counts(samples: Sequence[tuple[str, int, float]], k: int) -> tuple[dict[str, int], tuple[str, ...]]:
@@ -43,13 +46,24 @@ def right_counts(samples: Sequence[tuple[str, int, float]], k: int) -> tuple[dic
 def difficulty_filter(samples: Sequence[tuple[str, int, float]], k: int = 5, low: int = 1,
                       high: int = 4) -> Filtered:
     """The questions right in `low`..`high` of their first k samples (R1-Searcher's rule at k = 5:
-    1..4), in the order they first appear."""
+    1..4), in the order they first appear. A question with fewer than k samples, a right and a wrong
+    among them (a run sampled `--samples-until mixed`), is right in 1..k-1 of k: kept when the window
+    holds all of 1..k-1, else left undecided with the other incomplete questions."""
     if not 0 <= low <= high <= k or k < 1:
         raise ConfigError(f"a difficulty window needs 0 <= low <= high <= k, got {low}..{high} of {k}")
     counts, incomplete = right_counts(samples, k)
+    mixed: tuple[str, ...] = ()
+    if low <= 1 and high >= k - 1:
+        outcomes: dict[str, set[bool]] = {}
+        for qid, sample, em in samples:
+            if sample < k:
+                outcomes.setdefault(qid, set()).add(em == 1.0)
+        mixed = tuple(q for q in incomplete if len(outcomes[q]) == 2)
+        incomplete = tuple(q for q in incomplete if len(outcomes[q]) < 2)
     order = list(dict.fromkeys(q for q, _, _ in samples))
-    kept = tuple(q for q in order if q in counts and low <= counts[q] <= high)
-    return Filtered(kept, dict(sorted(Counter(counts.values()).items())), k, incomplete)
+    decided = set(mixed)
+    kept = tuple(q for q in order if q in decided or (q in counts and low <= counts[q] <= high))
+    return Filtered(kept, dict(sorted(Counter(counts.values()).items())), k, incomplete, mixed)
 
 
 def run_samples(run_path: str | Path) -> list[tuple[str, int, float]]:
