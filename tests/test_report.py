@@ -143,3 +143,62 @@ def test_p_values_keep_two_significant_digits_and_never_round_onto_the_line():
 
     assert [format_p(p) for p in (0.75, 0.1, 0.0078, 0.0625, 0.0469, 0.0499, 0.05, 1.0)] == \
         ["0.75", "0.10", "0.0078", "0.062", "0.047", "0.0499", "0.05", "1.00"]
+
+
+def _scored_run(name: str, method: str, right: set[int], n: int = 100, done: int | None = None):
+    """A run of `method` over questions q0..q{n-1}, right (EM 1) on the indices in `right`; `done`: only the
+    first `done` questions finished."""
+    from pathlib import Path
+
+    from metarag.data.datasets import Question
+    from metarag.evaluate.harness import score
+    from metarag.evaluate.summary import LoadedRun
+    from metarag.methods.runner import Answer, Trace, Usage
+
+    ids = tuple(f"q{i}" for i in range(n))
+    results = tuple(score(Question(q, f"{q}?", ("gold",)), Trace(q, f"{q}?", method, (Answer(Usage(), "x"),),
+                                                                    answer="gold" if i in right else "other"))
+                    for i, q in enumerate(ids[:done]))
+    return LoadedRun(name, Path(name), {"method": method}, {}, ids, results)
+
+
+def test_a_claims_verdict_follows_the_holm_adjusted_mcnemar_tests_of_the_table():
+    from metarag.evaluate.paired import verdict
+    from metarag.evaluate.report import report_table
+
+    reference = _scored_run("ref", "metarag", set(range(60)))
+    weaker = _scored_run("a", "standard-rag", set(range(30)))           # the reference alone right on 30
+    level = _scored_run("b", "ircot", set(range(2, 62)))                 # 2 each way: no difference
+    stronger = _scored_run("c", "self-ask", set(range(100)))            # the row alone right on 40
+    runs = [weaker, reference, level, stronger]
+    text = verdict(runs, 1, [0, 2], dataset="d")
+    assert "**partly reproduced**" in text and "provisional" not in text
+    assert ("- beats standard-rag: Δ EM +30.0 points on 100 questions (reference right alone on 30, the row alone "
+            "on 0)") in text
+    assert "- no significant difference from ircot: Δ EM +0.0" in text and "detectable at 80 % power: ±" in text
+    # the Holm p of the verdict is the table's: one family, every comparison against the reference
+    _, rows = report_table(runs, baseline=1, ci="none")
+    assert f"Holm {rows[2]['p EM (Holm)']:.2f}" in text
+    assert "**reproduced**" in verdict(runs, 1, [0])
+    assert "**refuted**" in verdict(runs, 1, [0, 3]) and "- loses to self-ask: Δ EM -40.0" in verdict(runs, 1, [0, 3])
+    assert "**inconclusive at this power**" in verdict(runs, 1, [2])
+    running = [reference, _scored_run("a", "standard-rag", set(range(30)), done=50)]
+    partial = verdict(running, 0, [1], missing=["self-ask"])
+    assert "— provisional: still running: standard-rag; not run yet: self-ask" in partial
+    assert "on 50 questions" in partial and "- self-ask: no run yet" in partial
+
+
+def test_an_experiment_prints_the_verdict_on_its_claim_and_refuses_a_claim_without_its_row():
+    from metarag.errors import ConfigError
+    from metarag.evaluate.experiment import experiment_from_dict
+
+    rows = [{"method": "standard-rag"}, {"method": "metarag"}]
+    good = experiment_from_dict({"name": "t", "datasets": ["d"], "reference": "metarag", "claim": ["standard-rag"],
+                                 "rows": rows})
+    assert good.claim == ("standard-rag",)
+    for claim, message in ((["ircot"], "claim 'ircot' is none of the rows"), (["metarag"], "but the reference"),
+                           ("standard-rag", "claim must be a list")):
+        with pytest.raises(ConfigError, match=message):
+            experiment_from_dict({"name": "t", "datasets": ["d"], "reference": "metarag", "claim": claim, "rows": rows})
+    with pytest.raises(ConfigError, match="a claim is about the reference row"):
+        experiment_from_dict({"name": "t", "datasets": ["d"], "claim": ["standard-rag"], "rows": rows})

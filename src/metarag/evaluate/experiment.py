@@ -11,6 +11,8 @@ takes comments, so each table says in its own file where its alignment comes fro
 
     name = "study"                       # the report's CSV: RUNS/<name>-<dataset>.csv
     reference = "metarag"                # a row's label: its method, or "method:key=value,..."
+    claim = ["standard-rag", "ircot"]    # the rows the paper says the reference beats: a verdict under
+                                         # each table (`paired.verdict`: EM, exact McNemar, Holm, power)
     datasets = ["hotpotqa-dev500", "2wiki-dev1000"]
     questions = "headline200"            # a committed id list of each dataset (`--questions`; absent: all)
     limit = 30                           # a seeded sample of each dataset (0 or absent: all)
@@ -64,7 +66,7 @@ ROW_OPTIONS = ("method", "settings", "retriever", "reranker", "rerank_depth")
 ROW_RUN_OPTIONS = ROW_OPTIONS[2:]
 PER_DATASET_OPTIONS = ("corpus", "prefix_chunk")
 TABLE_OPTIONS = tuple(o.name for o in OPTIONS if o.name not in NOT_IN_FILES and o.name not in ("method", "settings"))
-FIELDS = {"name", "title", "reference", "datasets", "columns", "breakdown", "power", "per_dataset", "rows",
+FIELDS = {"name", "title", "reference", "claim", "datasets", "columns", "breakdown", "power", "per_dataset", "rows",
           *TABLE_OPTIONS}
 ROW_FIELDS = {*ROW_OPTIONS, "datasets"}
 PER_DATASET_FIELDS = set(PER_DATASET_OPTIONS)
@@ -143,6 +145,7 @@ class Experiment:
     rows: tuple[Row, ...]
     datasets: tuple[str, ...]
     reference: str | None = None
+    claim: tuple[str, ...] = ()
     title: str = ""
     columns: str = ""
     breakdown: bool = True
@@ -167,8 +170,12 @@ class Experiment:
         """The reference row: the first row whose label, or else whose method, is `reference`."""
         if self.reference is None:
             return None
-        by_label = [r for r in self.rows if r.label == self.reference]
-        return (by_label or [r for r in self.rows if r.method == self.reference] or [None])[0]
+        return self.row_named(self.reference)
+
+    def row_named(self, name: str) -> Row | None:
+        """The first row whose label, or else whose method, is `name`."""
+        by_label = [r for r in self.rows if r.label == name]
+        return (by_label or [r for r in self.rows if r.method == name] or [None])[0]
 
 
 def data_folder(experiment_file: Path | None) -> str:
@@ -254,13 +261,22 @@ def experiment_from_dict(raw: Mapping[str, Any], file: Path | None = None) -> Ex
             raise bad(f"{key} must be a {wrong}, got {raw[key]!r}")
     # a limit of 0 and an empty question list read as none: every question
     options = {key: raw[key] for key in TABLE_OPTIONS if key in raw and (key not in ("limit", "questions") or raw[key])}
+    claim = raw.get("claim", [])
+    if not isinstance(claim, list) or not all(isinstance(c, str) for c in claim):
+        raise bad("claim must be a list of row names, e.g. claim = [\"standard-rag\", \"ircot\"]")
     experiment = Experiment(
         name=raw["name"], rows=tuple(rows), datasets=tuple(datasets), reference=raw.get("reference"),
+        claim=tuple(claim),
         title=raw.get("title", ""), columns=raw.get("columns", ""), breakdown=raw.get("breakdown", True),
         power=raw.get("power", False), options=options, per_dataset={k: dict(v) for k, v in per_dataset.items()},
         path=file)
     if experiment.reference is not None and experiment.reference_row() is None:
         raise bad(f"reference {experiment.reference!r} is none of the rows")
+    if claim and experiment.reference is None:
+        raise bad("a claim is about the reference row: give reference = \"...\" too")
+    for name in claim:
+        if experiment.row_named(name) in (None, experiment.reference_row()):
+            raise bad(f"claim {name!r} is none of the rows but the reference")
     return experiment
 
 
@@ -354,10 +370,28 @@ def run_experiment(experiment: Experiment, runs_dir: str | Path, *, rows: Sequen
         limit = f"limit {experiment.limit}" if experiment.limit else "all questions"
         if experiment.questions:
             limit = f"questions {experiment.questions}" + (f", {limit}" if experiment.limit else "")
+        if experiment.claim and reference is not None:
+            table += "\n\n" + claim_verdict(experiment, dataset, runs, ran, reference)
         text = f"## {experiment.name} table on {dataset} ({limit}, seed {experiment.seed})\n{table}"
         write_csv(report_rows, Path(runs_dir) / f"{experiment.name}-{dataset}.csv")
         reports.append(text)
     return reports
+
+
+def claim_verdict(experiment: Experiment, dataset: str, runs: Sequence[Any], ran: Sequence[Row], reference: int) -> str:
+    """The verdict on the file's claim on one dataset (`paired.verdict`): the claimed rows that run on it,
+    those without a run folder yet named as missing."""
+    from metarag.evaluate.paired import verdict
+
+    claimed, missing = [], []
+    for name in experiment.claim:
+        row = experiment.row_named(name)
+        if row is not None and row.runs_on(dataset):
+            if row in ran:
+                claimed.append(list(ran).index(row))
+            else:
+                missing.append(name)
+    return verdict(runs, reference, claimed, dataset=dataset, missing=missing)
 
 
 def with_overrides(experiment: Experiment, *, limit: int | None = None, prefix_chunk: int | None = None) -> Experiment:

@@ -8,6 +8,7 @@ from metarag.errors import ConfigError, DataError
 from metarag.evaluate.stats import (
     TestResult,
     approximate_randomization,
+    format_p,
     holm,
     mcnemar_exact,
     paired_bootstrap,
@@ -16,7 +17,7 @@ from metarag.evaluate.stats import (
     power_analysis,
     significance_mark,
 )
-from metarag.evaluate.summary import LoadedRun
+from metarag.evaluate.summary import LoadedRun, method_label
 
 # "auto": the test that fits the score, exact McNemar on 0/1 scores (EM, cover-EM), a paired permutation
 # (sign flips) on continuous ones (F1); "t-test" is the MetaRAG study's choice (its Tables 1, 4 and 5)
@@ -138,3 +139,57 @@ def power_table(runs: Sequence[LoadedRun], baseline: int, power: float = 0.8, al
               "the observed share of discordant questions; n for the observed Δ: the questions it would need "
               "(– where no difference was observed, or none is detectable)."]
     return "\n".join(lines)
+
+
+# What a claim that the reference row beats the claimed rows on EM comes to (`verdict`), from the outcomes
+# of its comparisons: every claimed row beaten; one beating the reference; some beaten, none beating it.
+VERDICTS = {"all": "reproduced", "lost": "refuted", "some": "partly reproduced", "none": "inconclusive at this power"}
+
+
+def row_name(run: LoadedRun) -> str:
+    """How a verdict names a run: its method as the report's row does."""
+    return method_label(run.settings) or str(run.settings.get("method") or run.name)
+
+
+def verdict(runs: Sequence[LoadedRun], baseline: int, claimed: Sequence[int], *, dataset: str = "",
+            missing: Sequence[str] = (), power: float = 0.8, alpha: float = 0.05) -> str:
+    """A paper's claim that its method (the table's reference row, `baseline`) beats the `claimed` rows, read
+    off the table: per claimed row, the reference's EM minus the row's, the exact McNemar p and its Holm
+    adjustment over all the table's comparisons against the reference (the family `compare` corrects, so
+    the verdict and the table's `*` agree), and the smallest difference the test would detect at `power`
+    with the observed discordance. "reproduced" when the reference beats every claimed row (adjusted
+    p < `alpha`); "refuted" when a claimed row beats the reference; "partly reproduced" when it beats some
+    and no difference is found against the rest; "inconclusive at this power" when no difference is found
+    (each comparison says what it could have detected). Rows still running, or claimed rows without a
+    run yet (`missing`), make it provisional."""
+    base = runs[baseline]
+    others = [i for i in range(len(runs)) if i != baseline]
+    if not claimed and not missing:
+        raise ConfigError("a verdict needs the rows the reference is claimed to beat")
+    tests = {i: mcnemar_exact(*paired_scores(base, runs[i], "em", partial=True)) for i in others}
+    adjusted = dict(zip(others, holm([tests[i].p_value for i in others])))
+    lines, beaten, lost = [], [], []
+    for i in claimed:
+        test = tests[i]  # a: the claimed row, b: the reference; gained = the row right where the reference is not
+        diff = 100 * (test.lost - test.gained) / test.n
+        seen = power_analysis(test.gained, test.lost, test.n, power=power, alpha=alpha)
+        if adjusted[i] < alpha:
+            (beaten if diff > 0 else lost).append(row_name(runs[i]))
+        outcome = ("beats" if diff > 0 else "loses to") if adjusted[i] < alpha else "no significant difference from"
+        detectable = "none" if seen.detectable is None else f"±{100 * seen.detectable:.1f}"
+        lines.append(f"- {outcome} {row_name(runs[i])}: Δ EM {diff:+.1f} points on {test.n} questions (reference "
+                     f"right alone on {test.lost}, the row alone on {test.gained}); exact McNemar p "
+                     f"{format_p(test.p_value)}, Holm {format_p(adjusted[i])}; detectable at {100 * power:.0f} % "
+                     f"power: {detectable}")
+    lines += [f"- {name}: no run yet" for name in missing]
+    word = VERDICTS["lost" if lost else "all" if len(beaten) == len(claimed) and claimed else
+                    "some" if beaten else "none"]
+    running = [row_name(r) for r in runs if not r.complete]
+    provisional = running or missing
+    head = (f"**Verdict{' on ' + dataset if dataset else ''}** (EM; {row_name(base)} against the rows the paper "
+            f"claims it beats; Holm over the table's {len(others)} comparisons): **{word}**")
+    if provisional:
+        head += " — provisional: " + "; ".join(
+            ([f"still running: {', '.join(running)}"] if running else []) + ([f"not run yet: {', '.join(missing)}"]
+                                                                             if missing else []))
+    return "\n".join([head, *lines])

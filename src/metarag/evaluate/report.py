@@ -26,6 +26,7 @@ from metarag.evaluate.paired import (  # noqa: F401 (report's names before the s
     significance,
     test_header,
 )
+from metarag.evaluate.stats import format_p  # noqa: F401 (report's name before the move)
 from metarag.evaluate.summary import (  # noqa: F401
     JUDGE_COLUMNS,
     PAPER_ACCURACIES,
@@ -326,15 +327,6 @@ def _pyplot():
     import matplotlib.pyplot as plt
 
     return plt
-
-
-def format_p(p: float) -> str:
-    """A p-value to two significant digits below 0.1 (0.047, 0.0078), two decimals above; never rounded
-    onto the 0.05 line from below, so a `*` (adjusted p < 0.05) is never printed beside "0.05"."""
-    if p >= 0.1:
-        return f"{p:.2f}"
-    text = f"{p:.2g}"
-    return f"{p:.3g}" if p < 0.05 <= float(text) else text
 
 
 def _fmt(value) -> str:

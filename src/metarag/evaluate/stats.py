@@ -39,6 +39,15 @@ class TestResult:
     n: int
 
 
+def format_p(p: float) -> str:
+    """A p-value to two significant digits below 0.1 (0.047, 0.0078), two decimals above; never rounded
+    onto the 0.05 line from below, so a `*` (adjusted p < 0.05) is never printed beside "0.05"."""
+    if p >= 0.1:
+        return f"{p:.2f}"
+    text = f"{p:.2g}"
+    return f"{p:.3g}" if p < 0.05 <= float(text) else text
+
+
 def significance_mark(p: float, alpha: float = 0.05) -> str:
     """The report's mark for a p-value: "*" when p < alpha, else "" (also for a NaN p-value)."""
     return "*" if p < alpha else ""
