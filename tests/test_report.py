@@ -110,6 +110,10 @@ def test_report_prints_the_columns_the_tests_and_what_the_sample_could_detect(tm
         assert f"| {column} |" in header
     assert "| 100.0 (61.0–100.0) |" in out and "| 0.0 (0.0–39.0)* |" in out  # Wilson, starred by Holm p
     assert "Power on EM against" in out and "| 6 | 6 (0 / 6) | -100.0 |" in out
+    # the power table names each run as the table's rows do (its method, told apart), not by its folder
+    power_row = next(line for line in out.splitlines() if "| 6 | 6 (0 / 6) |" in line)
+    table_row = next(line for line in out.splitlines() if line.startswith("| ") and "0.0 (0.0–39.0)*" in line)
+    assert power_row.split(" | ")[0] == table_row.split(" | ")[0] and wordy.path.name not in power_row
     # all six changed only in form: cover-EM unchanged, EM lost
     assert "| 6 | 6 | 0 | 6 | -100.00 | 0 | 6 | 0 | 0 |" in out
     assert not (tmp_path / "report.csv").exists()  # a CSV only when asked

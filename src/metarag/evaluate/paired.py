@@ -117,12 +117,15 @@ def compare(rows: list[dict], runs: Sequence[LoadedRun], baseline: int, tests: S
     return (["pairs"] if partial else []) + added
 
 
-def power_table(runs: Sequence[LoadedRun], baseline: int, power: float = 0.8, alpha: float = 0.05) -> str:
+def power_table(runs: Sequence[LoadedRun], baseline: int, power: float = 0.8, alpha: float = 0.05,
+                names: Sequence[str] | None = None) -> str:
     """Per comparison against the baseline, what the sample could tell on EM (exact McNemar at `alpha`):
     the discordant pairs, the observed difference, the smallest difference detectable with probability
-    `power` at this n and the observed discordance, and the n the observed difference would need."""
+    `power` at this n and the observed discordance, and the n the observed difference would need. `names`:
+    how the table names each run (its report row's method; default the run folders' names)."""
+    names = list(names) if names is not None else [run.name for run in runs]
     base = runs[baseline]
-    lines = [f"### Power on EM against {base.name} (exact McNemar, alpha {alpha}, power {power:.0%})", "",
+    lines = [f"### Power on EM against {names[baseline]} (exact McNemar, alpha {alpha}, power {100 * power:.0f} %)", "",
              "| run | n | discordant (gained / lost) | Δ EM observed | Δ EM detectable | n for the observed Δ |",
              "|---|---:|---:|---:|---:|---:|"]
     for i, run in enumerate(runs):
@@ -133,7 +136,7 @@ def power_table(runs: Sequence[LoadedRun], baseline: int, power: float = 0.8, al
         p = power_analysis(test.gained, test.lost, test.n, power=power, alpha=alpha)
         detectable = "–" if p.detectable is None else f"±{100 * p.detectable:.1f}"
         needed = "–" if p.n_needed is None else str(p.n_needed)
-        lines.append(f"| {run.name} | {p.n} | {test.gained + test.lost} ({test.gained} / {test.lost}) | "
+        lines.append(f"| {names[i]} | {p.n} | {test.gained + test.lost} ({test.gained} / {test.lost}) | "
                      f"{100 * p.observed:+.1f} | {detectable} | {needed} |")
     lines += ["", "Δ EM detectable: the smallest difference in EM points the test finds with that power, given "
               "the observed share of discordant questions; n for the observed Δ: the questions it would need "

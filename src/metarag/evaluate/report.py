@@ -164,7 +164,7 @@ def format_report(runs: Sequence[LoadedRun], *, baseline: int | None = 0, tests:
     if len(runs) > 1 and baseline is not None:
         parts.append(comparison_legend(runs, baseline, tests))
     if power and len(runs) > 1 and baseline is not None:
-        parts.append("\n" + power_table(runs, baseline))
+        parts.append("\n" + power_table(runs, baseline, names=[row["method"] for row in rows]))
     if judges := format_answer_judges(runs):
         parts.append("\n" + judges)
     if breakdowns:
