@@ -2,6 +2,7 @@
 training split, the rest for training, over the union of the splits' passages, written in formats
 the harness reads back."""
 import json
+from collections import Counter
 
 import pytest
 
@@ -94,6 +95,13 @@ def test_the_declared_pool_never_holds_a_held_out_question(tmp_path):
     pool = declared_pool(data_dir=SHARED_DATA)
     ids = [q.id for _, q in pool.train]
     assert len(ids) == len(set(ids)) == 1300  # at least 1,000 distinct questions before filtering
+    # a seeded order, every source spread through it: the first 200 hold each in about its share
+    in_order = declared_pool(data_dir=SHARED_DATA, seed=None)
+    assert sorted(ids) == sorted(q.id for _, q in in_order.train) and ids == [q.id for _, q in declared_pool(
+        data_dir=SHARED_DATA).train]
+    first = Counter(source for source, _ in pool.train[:200])
+    assert first.keys() == {"hotpotqa-train100", "musique-train100", "hotpotqa-dev500", "2wiki-dev1000"}
+    assert 90 <= first["2wiki-dev1000"] <= 150  # 800 of 1,300: 123 expected
     for dataset in ("hotpotqa-dev500", "2wiki-dev1000"):
         held = set(question_list("headline200", dataset).ids)
         assert len(held) == 200 and not held & set(ids)  # against the committed lists

@@ -61,10 +61,14 @@ DECLARED_POOL = (("hotpotqa-train100", None), ("musique-train100", None),
                  ("hotpotqa-dev500", "train-pool"), ("2wiki-dev1000", "train-pool"))
 
 
-def declared_pool(sources: Sequence[tuple[str, str | None]] = DECLARED_POOL, data_dir: str | None = None) -> Pool:
+def declared_pool(sources: Sequence[tuple[str, str | None]] = DECLARED_POOL, data_dir: str | None = None,
+                  seed: int | None = 0) -> Pool:
     """Every question of `sources` to train on (nothing held out of it: the held-out questions are the
     headline lists, `check_disjoint`), over the union of their passages, each split's passage ids
-    prefixed by its name. A dev set's list shrinks its distractor pool to those questions' paragraphs."""
+    prefixed by its name. A dev set's list shrinks its distractor pool to those questions' paragraphs.
+    The questions come in a seeded random order (`seed`; None: source by source), so that a sampled
+    filter over the pool that stops once it has kept enough (`scripts/cpu-queue`) keeps a random part of
+    it, every source in its share, not the first sources whole."""
     from metarag.data.datasets import question_list, resolve_preset, select
 
     train: list[tuple[str, Question]] = []
@@ -81,6 +85,8 @@ def declared_pool(sources: Sequence[tuple[str, str | None]] = DECLARED_POOL, dat
     if len(set(ids)) != len(ids):
         raise DataError("two sources of the pool share a question id", path=", ".join(p for p, _ in sources))
     check_disjoint(ids)
+    if seed is not None:
+        random.Random(seed).shuffle(train)
     return Pool(tuple(train), (), tuple(passages))
 
 
