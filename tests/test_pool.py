@@ -3,6 +3,7 @@ training split, the rest for training, over the union of the splits' passages, w
 the harness reads back."""
 import json
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
@@ -147,6 +148,17 @@ def test_the_filter_reads_a_sampled_run_and_writes_the_kept_questions(tmp_path):
     assert filtered.kept == ("q0", "q2") and filtered.right_counts == {0: 1, 2: 2}
     assert write_filtered(data, filtered.kept, tmp_path / "kept.jsonl") == 2
     assert [json.loads(line)["id"] for line in (tmp_path / "kept.jsonl").read_text().splitlines()] == ["q0", "q2"]
+    # scripts/filter-pool --enough N: nothing written, exit 3, until N questions are kept
+    import subprocess
+    import sys
+
+    script = Path(__file__).parents[1] / "scripts" / "filter-pool"
+    out = tmp_path / "enough.jsonl"
+    args = [sys.executable, str(script), str(sampled.path), str(data), str(out), "--k", "4", "--keep", "1-3"]
+    short = subprocess.run([*args, "--enough", "3"], capture_output=True, text=True)
+    assert short.returncode == 3 and not out.exists() and "2 kept of 3 questions decided" in short.stdout
+    assert subprocess.run([*args, "--enough", "2"], capture_output=True, text=True).returncode == 0
+    assert [json.loads(line)["id"] for line in out.read_text().splitlines()] == ["q0", "q2"]
 
 
 def test_a_question_stopped_early_at_a_right_and_a_wrong_sample_is_kept_by_a_1_to_k_minus_1_window():
