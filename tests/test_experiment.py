@@ -247,3 +247,18 @@ def test_the_headline_files_hold_the_rows_issue_50_lists_on_the_committed_questi
     assert set(hotpot_only) == {"self-ask", "sim-rag"}
     critic = dict(hotpot_only["sim-rag"].settings)["critic"]
     assert critic != "llm" and critic.startswith("docs/table-runs/headline/")
+
+
+def test_every_experiment_files_columns_are_columns_the_report_has(tmp_path):
+    """A file's `columns` are checked only when its table is reported, after hours of runs: here, against
+    the columns of a Standard RAG run's row (and the judge and sample columns a run can add)."""
+    from metarag import run
+    from metarag.evaluate.summary import JUDGE_COLUMNS, SAMPLE_COLUMNS, load_run, summarize
+    from metarag.llm.scripted import ScriptedLLM
+
+    done = run("standard-rag", "demo", limit=1, runs_dir=tmp_path, llm_instance=ScriptedLLM([("", "Paris")]))
+    known = set(summarize(load_run(done.path))) | set(JUDGE_COLUMNS) | set(SAMPLE_COLUMNS)
+    for file in sorted(EXPERIMENTS.glob("*.toml")):
+        experiment = load_experiment(file)
+        wanted = [c.strip() for c in experiment.columns.split(",") if c.strip()]
+        assert not [c for c in wanted if c not in known], file.name
