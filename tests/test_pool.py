@@ -194,9 +194,15 @@ def test_sampling_until_mixed_stops_a_question_at_its_first_right_and_wrong_and_
     # the same run folder (until is not in the run id): a run of all five samples adds q0's other three
     full = run("closed-book", data, samples=5, runs_dir=tmp_path / "runs", llm_instance=llm)
     assert full.path == sampled.path and len(run_samples(full.path)) == 10
-    with pytest.raises(ConfigError, match="--samples-until mixed takes one answer at a time"):
+    with pytest.raises(ConfigError, match="--samples-until mixed needs to know when a question is decided"):
         run("closed-book", data, samples=5, samples_until="mixed", workers=2, runs_dir=tmp_path / "runs",
             llm_instance=llm)
+    # in lockstep (--batch 2): q0's first two samples run together and decide it, its other three never start
+    answers = iter(["Paris", "Rome", "Paris", "Oslo"] * 1000)
+    batched = run("closed-book", data, samples=5, samples_until="mixed", batch=2, runs_dir=tmp_path / "batched",
+                  llm_instance=llm)
+    per_question = {q: sorted(i for qid, i, _ in run_samples(batched.path) if qid == q) for q in ("q0", "q1")}
+    assert per_question == {"q0": [0, 1], "q1": [0, 1, 2, 3, 4]}
     with pytest.raises(ConfigError, match="'until' must be one of all, mixed"):
         run("closed-book", data, samples=5, samples_until="some", runs_dir=tmp_path / "runs", llm_instance=llm)
 

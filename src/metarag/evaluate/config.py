@@ -60,7 +60,9 @@ class Samples:
     samples say, and the ones it skips cost the filter nothing. Its samples are the same seeded samples
     a full run takes (so "mixed" is not hashed, and a later run with "all" adds the rest), but avg@k
     and pass@k over a run stopped early are biased towards its mixed questions: a filter's run, read
-    by `scripts/filter-pool`. One answer at a time (no --workers / --batch), so each stop is known."""
+    by `scripts/filter-pool`. Not with --workers (each stop must be known before the next sample
+    starts); with --batch N the samples of a round run together and a decided question's samples not yet
+    started are skipped."""
 
     k: int = setting(1, ge=1)
     temperature: float = setting(0.6, gt=0)

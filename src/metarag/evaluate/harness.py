@@ -136,7 +136,7 @@ def _session(config: EvalConfig, store: RunStore, method: Method, dataset, resol
              retriever, on_result) -> None:
     """Build what is not given, check the back-ends, run `todo` (questions with the sample each answer
     is), and record the session in the manifest."""
-    llm = llm if llm is not None else make_llm(config.llm)
+    llm = llm if llm is not None else make_llm(config.llm, batch=config.batch)
     check_model_identity(store, llm.identity)
     check_backend(llm, "LLM")
     check_needs(method, llm)
@@ -290,7 +290,8 @@ def _run_questions(method: Method, todo: list[tuple[Question, int]], runtime: Ru
                    workers: int, done: dict, total: int, progress: bool, on_result, max_consecutive_failures: int,
                    batch: int = 1, seeds: list[int] | None = None, until_mixed: bool = False) -> None:
     """Run and write each (question, sample) of `todo`; `seeds`: the rollout seed of each, for a sampled run;
-    `until_mixed`: skip a question's later samples once it has a right and a wrong one (one at a time)."""
+    `until_mixed`: skip a question's later samples once it has a right and a wrong one (those a batch has
+    in flight then finish and are written)."""
     from tqdm import tqdm
 
     bar = tqdm(total=total, initial=len(done), disable=not progress, unit="q", dynamic_ncols=True)
@@ -348,13 +349,23 @@ def _run_questions(method: Method, todo: list[tuple[Question, int]], runtime: Ru
             if batch > 1:
                 def settled(i: int, trace: Trace) -> None:
                     nonlocal written
-                    finish(score(todo[i][0], trace, todo[i][1]))
+                    result = score(todo[i][0], trace, todo[i][1])
+                    finish(result)
+                    if until_mixed and not result.failed:
+                        seen.setdefault(result.question_id, set()).add(result.scores.em == 1.0)
                     written += 1
                     if stop():
                         raise _Stopped  # the questions in flight are not written: a re-run does them
 
+                def decided(i: int) -> bool:  # a sample not yet started of a question decided meanwhile
+                    if until_mixed and len(seen.get(todo[i][0].id, ())) == 2:
+                        bar.total -= 1
+                        return True
+                    return False
+
                 with contextlib.suppress(_Stopped):
-                    run_many(method, [q for q, _ in todo], runtime, seeds=seeds, window=batch, on_trace=settled)
+                    run_many(method, [q for q, _ in todo], runtime, seeds=seeds, window=batch, on_trace=settled,
+                             skip=decided)
             elif workers == 1:
                 for n, (question, sample) in enumerate(todo):
                     if until_mixed and len(seen.get(question.id, ())) == 2:  # decided by an earlier sample

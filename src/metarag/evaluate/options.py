@@ -113,7 +113,8 @@ OPTIONS: tuple[Option, ...] = (
            "with --batch, the requests of a round sent at once to a back-end that does not batch", int,
            positive=True),
     Option("batch", "batch", "run N questions in lockstep, each round's model requests as one batch (a "
-           "transformers model decodes them as one padded batch); default 1: one question at a time", int,
+           "transformers model decodes them as one padded batch, llama.cpp N sequences in one context: for sampled "
+           "runs, a batched request's latency is shared); default 1: one question at a time", int,
            metavar="N", positive=True),
     # retrieval
     Option("retriever", "retriever", "retriever: bm25, dense (MiniLM + FAISS), hybrid (both fused by RRF), or "
@@ -199,9 +200,9 @@ def config_from_options(values: Mapping[str, Any]) -> EvalConfig:
     if given.get("samples", 1) == 1 and ("temperature" in given or "top_p" in given or "samples_until" in given):
         raise ConfigError("--sample-temperature, --sample-top-p and --samples-until set the sampling of --samples K; "
                           "give K > 1")
-    if given.get("samples_until", "all") != "all" and (given.get("workers", 1) > 1 or given.get("batch", 1) > 1):
-        raise ConfigError("--samples-until mixed takes one answer at a time, to know when a question is decided: "
-                          "drop --workers / --batch")
+    if given.get("samples_until", "all") != "all" and given.get("workers", 1) > 1:
+        raise ConfigError("--samples-until mixed needs to know when a question is decided before its next sample "
+                          "starts: drop --workers (--batch N runs N samples in lockstep and skips those not started)")
     fields: dict[str, dict[str, Any]] = {group: {} for group in ("", *NESTED)}
     for name, value in given.items():
         group, _, leaf = BY_NAME[name].target.rpartition(".")

@@ -74,7 +74,14 @@ class LlamaCppSettings:
     update is applied exactly; but any non-zero adapter moves llama.cpp's int8 rounding of the
     activations, a change of ~0.09 in a logit on the 1.5B whatever the adapter's size (an adapter of
     zeros changes nothing; docs/notes/2026-12-04-training-that-learns-on-the-cpu.md measures both), so
-    an adapter's effect below that is seen through that noise."""
+    an adapter's effect below that is seen through that noise.
+
+    `batch_slots` > 1 gives the back-end `generate_batch`: the requests of one round of `run_many`
+    (`eval --batch N`) are decoded together, up to this many at a time, in a second context of as
+    many sequences (`llm/llama_slots.py`; a single request still takes the one-request path). Off (0)
+    by default: a batched request's numbers differ from a lone one's in the last digits, and its
+    latency is shared, so greedy tables and their cost columns decode one request at a time. Not part
+    of the identity: it changes how fast a sampled run goes, not what it samples from."""
 
     embedded: str | None = "qwen2.5-coder-1.5b-instruct"
     gguf: str | None = None
@@ -88,8 +95,11 @@ class LlamaCppSettings:
     lookup_min_ngram: int = 2
     prefix_chunk: int = 0
     lora: str | None = None
+    batch_slots: int = 0
 
     def __post_init__(self) -> None:
+        if self.batch_slots < 0:
+            raise ConfigError(f"batch_slots must be 0 (off) or at least 2, got {self.batch_slots}")
         if self.prefix_chunk < 0 or self.prefix_chunk > self.n_batch:
             raise ConfigError(f"prefix_chunk must be 0 (off) or 1..n_batch ({self.n_batch}), got {self.prefix_chunk}")
 
@@ -141,6 +151,10 @@ class LlamaCppLLM:
         self._state_bytes = 0
         # one context, one request at a time: harness workers > 1 queue here instead of corrupting it
         self._lock = threading.Lock()
+        self._slots = None  # the batched context (llama_slots.SlotContext), made on the first batch
+        if settings.batch_slots > 1:  # offered only when asked for: `generate_many` batches whatever offers it
+            self.generate_batch = self._generate_batch
+            self.check_prompt = self._prompt_tokens
 
     @staticmethod
     def identity_for(settings: LlamaCppSettings, model_sha256: str | None = None) -> str:
@@ -173,6 +187,31 @@ class LlamaCppLLM:
     def chat(self, messages: Sequence[Message], decoding: Decoding = Decoding()) -> Completion:
         with self._lock:
             return self._generate(self.tokenize(self.render(messages)), decoding)
+
+    def _generate_batch(self, prompts: Sequence[Prompt], decodings: Sequence[Decoding]) -> list[Completion]:
+        """The completions of several requests decoded together (`batch_slots` at a time); one request
+        alone takes the one-request path."""
+        if len(prompts) != len(decodings):
+            raise ValueError(f"{len(prompts)} prompts but {len(decodings)} decodings")
+        tokens = [self._prompt_tokens(p) for p in prompts]
+        with self._lock:
+            if len(tokens) == 1:
+                return [self._generate(tokens[0], decodings[0])]
+            if self._slots is None:
+                from metarag.llm.llama_slots import SlotContext
+
+                self._slots = SlotContext(self, self.settings.batch_slots)
+            out: list[Completion] = []
+            for lo in range(0, len(tokens), self._slots.slots):
+                out += self._slots.generate(tokens[lo:lo + self._slots.slots], decodings[lo:lo + self._slots.slots])
+            return out
+
+    def _prompt_tokens(self, prompt: Prompt) -> list[int]:
+        """The token ids `generate` would feed for `prompt`, checked to fit the context."""
+        if isinstance(prompt, TokenIds):
+            return self._check_fits(list(prompt.ids))
+        messages = as_messages(prompt)
+        return self.tokenize(messages[0].content if is_raw(messages) else self.render(messages))
 
     def score_labels(self, prompt: Prompt, labels: Sequence[str]) -> LabelScores:
         """Whole-label probabilities by the shared rule (`metarag.llm.base.label_plan`): each

@@ -10,7 +10,7 @@ script file, `metarag.testing`). Nothing is imported or loaded until
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from metarag.errors import ConfigError, MetaRAGError, close_matches
@@ -152,12 +152,16 @@ def expected_identity(spec: LLMSpec) -> str | None:
         return None
 
 
-def make_llm(spec: LLMSpec | str) -> LLM:
+def make_llm(spec: LLMSpec | str, *, batch: int = 1) -> LLM:
     """Build the back-end named by `spec` (this is where models load), behind the response cache
-    unless the spec turns it off."""
+    unless the spec turns it off. `batch` > 1: the requests of a round of `run_many` come this many
+    at a time (`eval --batch N`), and a llama.cpp model decodes them together
+    (`LlamaCppSettings.batch_slots`); how a model is run, not what it is: no part of the spec."""
     if isinstance(spec, str):
         spec = parse_llm_spec(spec)
     settings = backend_settings(spec)
+    if batch > 1 and hasattr(settings, "batch_slots"):
+        settings = replace(settings, batch_slots=batch)
     backend = BACKENDS[spec.backend]
     llm: LLM = getattr(importlib.import_module(backend.module), backend.cls)(settings)
     if spec.response_cache and spec.backend != "scripted":  # a script answers at once: nothing to keep

@@ -176,7 +176,8 @@ class _Rollout:
 def run_many(method: Method, questions: Sequence[Question], runtime: Runtime, *,
              seeds: Sequence[int] | None = None, window: int | None = None,
              on_step: Callable[[int, Step], None] | None = None,
-             on_trace: Callable[[int, Trace], None] | None = None) -> list[Trace]:
+             on_trace: Callable[[int, Trace], None] | None = None,
+             skip: Callable[[int], bool] | None = None) -> list[Trace]:
     """Run `method` on every question in lockstep: each round, every policy's pending Ask and Probe
     actions go to the back-end as one batch (`metarag.llm.batch`), then Search / Assess / Note are
     carried out in turn, question by question. Returns the traces in question order, each the
@@ -186,7 +187,9 @@ def run_many(method: Method, questions: Sequence[Question], runtime: Runtime, *,
     one question: `run_many(m, [q] * G, rt, seeds=range(G))`); without it every rollout uses
     `runtime.sampling.seed`. `window`: at most this many policies in flight (the largest batch); a
     finished one's place goes to the next question. `on_step(i, step)` and `on_trace(i, trace)`
-    report as they happen, i being the question's position."""
+    report as they happen, i being the question's position. `skip(i)`, asked when question i would
+    start: True leaves it unrun, None in its place (a difficulty filter's samples of a question
+    already decided)."""
     check_needs(method, runtime.llm)
     questions = list(questions)
     if seeds is not None:
@@ -217,6 +220,8 @@ def run_many(method: Method, questions: Sequence[Question], runtime: Runtime, *,
         while waiting or active:
             while waiting and (window is None or len(active) < window):
                 i = waiting.popleft()
+                if skip is not None and skip(i):
+                    continue
                 sampling = runtime.sampling
                 if sampling is not None and seeds is not None:
                     sampling = replace(sampling, seed=seeds[i])
