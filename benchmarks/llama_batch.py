@@ -2,8 +2,9 @@
 
 The difficulty filter's run (issue 51: the untrained belief-agent, T=3, k=2, 128 tokens a step, K
 sampled answers a question at temperature 1.0, top-p 1.0) twice on the same questions of the declared
-training pool, in one process: one answer at a time (as `eval --samples K` runs), then the K samples of
-each question in lockstep (`--batch K`: each round's requests decoded together in one context, the
+training pool, in one process, question by question with the two passes' order alternating (so that
+what else the machine runs weighs on both alike): one answer at a time (as `eval --samples K` runs) and
+the K samples of the question in lockstep (`--batch K`: each round's requests decoded together in one context, the
 shared prompt prefix evaluated once). Prints each pass's wall time, generated tokens a second and the
 speed-up ratio, the EM of each pass, and how many answers are the same: few are, because the two
 passes' logits differ in the last digits (llama.cpp's sums depend on the batch a token is evaluated
@@ -13,7 +14,11 @@ batched KV cells hold the right thing is tested greedily (tests/test_llama_slots
 lone greedy answers of the 0.5B equal). Both passes write to a temporary runs folder; nothing is kept.
 
 Measured 2026-12-07 (2 questions x 5 samples, the 1.5B, one thread, the two cores shared with two
-other runs): one at a time 829 s, lockstep 429 s: 1.93x; EM 20.0 both.
+other runs), by a first version that ran the whole passes one after the other: one at a time 829 s and
+889 s, lockstep 429 s and 470 s: 1.93x and 1.89x, EM 20.0 in all four; the one-at-a-time passes had a
+test run on the cores for part of their time, so the ratio leans high. A direct check in one process,
+five 64-token samples of one prompt, the passes back to back twice: 52.0 -> 29.5 s, 45.0 -> 22.6 s
+(1.8x, 2.0x).
 
     .venv/bin/python benchmarks/llama_batch.py [--questions 2] [--samples 5] [--threads 1]
 """
@@ -35,29 +40,39 @@ def main() -> None:
     parser.add_argument("--questions", type=int, default=2)
     parser.add_argument("--samples", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--llm", default="embedded")
+    parser.add_argument("--model", default="qwen2.5-coder-1.5b-instruct")
     args = parser.parse_args()
     if not (POOL / "declared_corpus.jsonl").is_file():
         raise SystemExit(f"no pool corpus at {POOL}: write it with `scripts/make-train-pool {POOL} --declared`")
-    common = dict(dataset=str(POOL / "declared_train.jsonl"), corpus=str(POOL / "declared_corpus.jsonl"),
-                  llm=args.llm, settings={"T": 3, "k": 2, "step_max_tokens": 128}, limit=args.questions,
-                  samples=args.samples, temperature=1.0, top_p=1.0, threads=args.threads, response_cache=False)
-    passes = {}
+    from metarag.llm.llama_cpp import LlamaCppLLM, LlamaCppSettings
+
+    models = {batch: LlamaCppLLM(LlamaCppSettings(embedded=args.model, n_threads=args.threads,
+                                                  batch_slots=batch if batch > 1 else 0))
+              for batch in (1, args.samples)}
+    lines = (POOL / "declared_train.jsonl").read_text().splitlines()[:args.questions]
+    seconds = {1: 0.0, args.samples: 0.0}
+    results: dict[int, dict] = {1: {}, args.samples: {}}
     with tempfile.TemporaryDirectory() as tmp:
-        for name, batch in (("one at a time", 1), (f"lockstep x{args.samples}", args.samples)):
-            start = time.perf_counter()
-            done = run("belief-agent", runs_dir=Path(tmp) / name.replace(" ", "-"), batch=batch, **common)
-            seconds = time.perf_counter() - start
-            results = {(r.question_id, r.sample): r for r in done.sampled}
-            tokens = sum(s.usage.completion_tokens for r in results.values() for s in r.trace.steps)
-            passes[name] = (seconds, tokens, results)
-            em = 100 * sum(r.scores.em for r in results.values()) / len(results)
-            print(f"{name:>14}: {seconds:7.1f} s, {len(results)} answers, {tokens} tokens generated "
-                  f"({tokens / seconds:.1f}/s), EM {em:.1f}", flush=True)
-    (s1, t1, r1), (s2, t2, r2) = passes.values()
-    same = sum(r1[key].prediction == r2[key].prediction for key in r1 if key in r2)
-    print(f"speed-up {s1 / s2:.2f}x in wall time, {(t2 / s2) / (t1 / s1):.2f}x in tokens a second; "
-          f"{same} of {len(r1)} answers the same")
+        for n, line in enumerate(lines):  # question by question, the passes' order alternating: drift shared
+            question = Path(tmp) / f"q{n}.jsonl"
+            question.write_text(line + "\n")
+            for batch in ((1, args.samples) if n % 2 == 0 else (args.samples, 1)):
+                start = time.perf_counter()
+                done = run("belief-agent", dataset=str(question), corpus=str(POOL / "declared_corpus.jsonl"),
+                           settings={"T": 3, "k": 2, "step_max_tokens": 128}, samples=args.samples,
+                           temperature=1.0, top_p=1.0, batch=batch, runs_dir=Path(tmp) / f"b{batch}",
+                           llm_instance=models[batch])
+                seconds[batch] += time.perf_counter() - start
+                results[batch].update({(r.question_id, r.sample): r for r in done.sampled})
+    for batch, name in ((1, "one at a time"), (args.samples, f"lockstep x{args.samples}")):
+        got = results[batch]
+        tokens = sum(s.usage.completion_tokens for r in got.values() for s in r.trace.steps)
+        em = 100 * sum(r.scores.em for r in got.values()) / len(got)
+        print(f"{name:>14}: {seconds[batch]:7.1f} s, {len(got)} answers, {tokens} tokens generated "
+              f"({tokens / seconds[batch]:.1f}/s), EM {em:.1f}", flush=True)
+    one, many = results[1], results[args.samples]
+    same = sum(one[key].prediction == many[key].prediction for key in one if key in many)
+    print(f"speed-up {seconds[1] / seconds[args.samples]:.2f}x in wall time; {same} of {len(one)} answers the same")
 
 
 if __name__ == "__main__":

@@ -174,7 +174,7 @@ class PickyLLM(BatchingLLM):
         return [generate(self, p, d) for p, d in zip(prompts, decodings)]
 
 
-def test_one_bad_prompt_in_a_batch_fails_only_its_own_question():
+def test_one_bad_prompt_in_a_batch_fails_only_its_own_question(notes):
     questions = [Question(f"q{i}", "bad" if i == 5 else f"w{i}") for i in range(8)]
 
     class OneAsk:
@@ -191,6 +191,10 @@ def test_one_bad_prompt_in_a_batch_fails_only_its_own_question():
     # halves, then halves of the failing half (q4-q7, then q4-q5): the good prompts still go batched
     assert llm.batches == [("generate", 8), ("generate", 4), ("generate", 4), ("generate", 2), ("generate", 1),
                            ("generate", 1), ("generate", 2)]
+    # each split said once, not swallowed: a batch that always failed would otherwise run one by one unseen
+    said = notes()
+    assert said.count("generate_batch of 8 requests failed (BackendError: prompt does not fit the context)") == 1
+    assert "generate_batch of 4 requests failed" in said and "generate_batch of 2 requests failed" in said
 
 
 def test_a_back_end_that_checks_prompts_batches_only_those_that_pass():

@@ -9,6 +9,7 @@ request at fault fails.
 """
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
@@ -19,6 +20,7 @@ from metarag.llm.base import LLM, Decoding, Prompt, generate
 from metarag.records import Completion, LabelScores
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 
 def generate_many(llm: LLM, prompts: Sequence[Prompt], decodings: Sequence[Decoding], *,
@@ -95,6 +97,8 @@ def _split(send: Callable[[list[int]], Sequence[T]], where: list[int], name: str
     except Exception as exc:  # recorded in each request's trace by the runner, like any failure
         if len(where) == 1:
             return [exc]
+        # said, not swallowed: a batch that keeps failing would otherwise run as single requests unseen
+        log.warning(f"{name} of {len(where)} requests failed ({type(exc).__name__}: {exc}); trying each half")
     half = len(where) // 2
     return _split(send, where[:half], name) + _split(send, where[half:], name)
 
