@@ -13,12 +13,15 @@ is enough to part two episodes; the filter needs the same distribution, not the 
 batched KV cells hold the right thing is tested greedily (tests/test_llama_slots.py: batched and
 lone greedy answers of the 0.5B equal). Both passes write to a temporary runs folder; nothing is kept.
 
-Measured 2026-12-07 (2 questions x 5 samples, the 1.5B, one thread, the two cores shared with two
-other runs), by a first version that ran the whole passes one after the other: one at a time 829 s and
-889 s, lockstep 429 s and 470 s: 1.93x and 1.89x, EM 20.0 in all four; the one-at-a-time passes had a
-test run on the cores for part of their time, so the ratio leans high. A direct check in one process,
-five 64-token samples of one prompt, the passes back to back twice: 52.0 -> 29.5 s, 45.0 -> 22.6 s
-(1.8x, 2.0x).
+Measured 2026-12-07 (2 questions x 5 samples, the 1.5B, one thread, the two cores shared with the
+two background runs and a test suite): one at a time 465 s, lockstep 323 s: 1.44x (EM 20.0 and 30.0
+on 10 answers: the same distribution within its noise). The filter itself, running with --batch 5,
+went from about 47 s an answer (one at a time, three processes on the two cores) to about 36 s: 1.3x.
+A first version of this script, which ran the whole passes one after the other, said 1.9x: its
+one-at-a-time passes shared the cores with a test run, the other passes did not. The gain is
+smaller than the 2.5x of decoding alone (four one-token sequences a step against one) because the
+agent rebuilds its prompt each turn: its prompt tokens, evaluated at the same speed either way,
+are over half the work.
 
     .venv/bin/python benchmarks/llama_batch.py [--questions 2] [--samples 5] [--threads 1]
 """
