@@ -146,7 +146,7 @@ def test_eval_exits_non_zero_naming_the_failures_and_the_report_shows_them(tmp_p
     from metarag.evaluate import harness
 
     pytest.importorskip("bm25s")
-    monkeypatch.setattr(harness, "make_llm", lambda spec: failing_on(["Spain"], lambda: RuntimeError("boom")))
+    monkeypatch.setattr(harness, "make_llm", lambda spec, **_: failing_on(["Spain"], lambda: RuntimeError("boom")))
     data = write_hotpot(tmp_path / "hotpot.json")
     argv = ["eval", "--method", "standard-rag", "--dataset-file", str(data), "--runs-dir", str(tmp_path / "runs"),
             "--quiet"]
@@ -163,7 +163,7 @@ def test_eval_exits_non_zero_naming_the_failures_and_the_report_shows_them(tmp_p
     assert main(["report", str(run), "--csv", ""]) == 0
     report = capsys.readouterr().out
     assert table_cells(report)["failed"] == "1 !"
-    monkeypatch.setattr(harness, "make_llm", lambda spec: reader())
+    monkeypatch.setattr(harness, "make_llm", lambda spec, **_: reader())
     assert main([*argv, "--retry-failed"]) == 0
     out = capsys.readouterr().out
     assert table_cells(out)["failed"] == "0" and "questions failed" not in out

@@ -196,7 +196,7 @@ def test_sweep_cli_exits_non_zero_when_a_point_has_failed_questions(tmp_path, mo
             raise RuntimeError("reader crashed")
         return answer_from_prompt(prompt)
 
-    monkeypatch.setattr(harness, "make_llm", lambda spec: ScriptedLLM([("Passages:", flaky)]))
+    monkeypatch.setattr(harness, "make_llm", lambda spec, **_: ScriptedLLM([("Passages:", flaky)]))
     data = write_hotpot(tmp_path / "hotpot.json")
     assert main(["sweep", "--method", "standard-rag", "--dataset-file", str(data), "--vary", "k=1,2",
                  "--runs-dir", str(tmp_path / "runs"), "--quiet"]) == 1

@@ -190,7 +190,7 @@ def test_the_cli_and_api_take_a_shard(tmp_path, monkeypatch, capsys):
     import metarag
     from metarag.evaluate import harness
 
-    monkeypatch.setattr(harness, "make_llm", lambda spec: scripted())
+    monkeypatch.setattr(harness, "make_llm", lambda spec, **_: scripted())
     data = write_questions(tmp_path / "questions.json")
     argv = ["eval", "--method", "standard-rag", "--dataset-file", str(data), "--runs-dir", str(tmp_path / "runs"),
             "--quiet", "--llm", "embedded"]
