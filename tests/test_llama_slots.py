@@ -9,6 +9,7 @@ import pytest
 
 pytest.importorskip("llama_cpp")
 
+from metarag.errors import ConfigError  # noqa: E402
 from metarag.llm.base import Decoding, TokenIds, generate  # noqa: E402
 from metarag.llm.llama_cpp import LlamaCppLLM, LlamaCppSettings  # noqa: E402
 from metarag.records import Message  # noqa: E402
@@ -30,7 +31,7 @@ def _llm(gguf: str, slots: int) -> LlamaCppLLM:
 def test_batching_is_offered_only_when_asked_for(tiny):
     assert not hasattr(_llm(tiny, 0), "generate_batch")
     assert hasattr(_llm(tiny, 3), "generate_batch")
-    with pytest.raises(Exception, match="batch_slots must be 0"):
+    with pytest.raises(ConfigError, match="batch_slots must be 0"):
         LlamaCppSettings(batch_slots=-1)
 
 

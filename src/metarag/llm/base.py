@@ -172,6 +172,26 @@ def prompt_text(llm: LLM, prompt: str | Sequence[Message]) -> str:
     return messages[0].content if is_raw(messages) else llm.render(messages)
 
 
+def prompt_ids(prompt: Prompt, tokenize: Callable[[str], list[int]], render: Callable[[Sequence[Message]], str],
+               check_fits: Callable[[list[int]], list[int]]) -> list[int]:
+    """The token ids a local back-end feeds for `prompt`: given ids checked to fit, else the raw text or
+    the rendered chat tokenized (`tokenize` checks the fit itself)."""
+    if isinstance(prompt, TokenIds):
+        return check_fits(list(prompt.ids))
+    messages = as_messages(prompt)
+    return tokenize(messages[0].content if is_raw(messages) else render(messages))
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading token ids `a` and `b` share."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
 def split_prefix(messages: Sequence[Message]) -> tuple[tuple[Message, ...], str | None]:
     """(the conversation before a final assistant message, that message's text) — or the messages
     and None when the last turn is not the assistant's."""

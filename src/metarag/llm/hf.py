@@ -31,12 +31,11 @@ from metarag.llm.base import (
     Prompt,
     TokenIds,
     TokenStream,
-    as_messages,
-    is_raw,
     label_plan,
     label_prefixes,
     label_probs,
     log_softmax,
+    prompt_ids,
     render_continuing,
 )
 from metarag.llm.hf_loading import (
@@ -247,10 +246,7 @@ class HFLLM:
 
     # -------------------------------------------------------------------------------- internals
     def _prompt_ids(self, prompt: Prompt) -> list[int]:
-        if isinstance(prompt, TokenIds):
-            return self._check_fits(list(prompt.ids))
-        messages = as_messages(prompt)
-        return self.tokenize(messages[0].content if is_raw(messages) else self.render(messages))
+        return prompt_ids(prompt, self.tokenize, self.render, self._check_fits)
 
     def _label_tokens(self, label: str) -> list[int]:
         return list(self.tokenizer.encode(label, add_special_tokens=False))

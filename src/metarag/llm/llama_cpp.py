@@ -25,12 +25,12 @@ from metarag.llm.base import (
     Prompt,
     TokenIds,
     TokenStream,
-    as_messages,
+    common_prefix,
     entropy_of,
-    is_raw,
     label_plan,
     label_probs,
     log_softmax,
+    prompt_ids,
     render_continuing,
     sample_token,
     top_alternatives,
@@ -208,20 +208,13 @@ class LlamaCppLLM:
 
     def _prompt_tokens(self, prompt: Prompt) -> list[int]:
         """The token ids `generate` would feed for `prompt`, checked to fit the context."""
-        if isinstance(prompt, TokenIds):
-            return self._check_fits(list(prompt.ids))
-        messages = as_messages(prompt)
-        return self.tokenize(messages[0].content if is_raw(messages) else self.render(messages))
+        return prompt_ids(prompt, self.tokenize, self.render, self._check_fits)
 
     def score_labels(self, prompt: Prompt, labels: Sequence[str]) -> LabelScores:
         """Whole-label probabilities by the shared rule (`metarag.llm.base.label_plan`): each
         label's variants teacher-forced after the prompt, their token probabilities multiplied."""
         plans = label_plan(labels, self._label_tokens)
-        if isinstance(prompt, TokenIds):
-            tokens = self._check_fits(list(prompt.ids))
-        else:
-            messages = as_messages(prompt)
-            tokens = self.tokenize(messages[0].content if is_raw(messages) else self.render(messages))
+        tokens = self._prompt_tokens(prompt)
         start = time.perf_counter()
         with self._lock:
             cached = self._evaluate(tokens)
@@ -231,7 +224,7 @@ class LlamaCppLLM:
             def next_logprobs(prefix: tuple[int, ...]) -> np.ndarray:
                 if not prefix:
                     return root
-                keep = min(_common_prefix(state["after"], prefix), len(prefix) - 1)
+                keep = min(common_prefix(state["after"], prefix), len(prefix) - 1)
                 self._llm.n_tokens = len(tokens) + keep  # back to the shared part, then the new tokens
                 self._llm.eval(list(prefix[keep:]))
                 state["after"] = prefix
@@ -366,7 +359,7 @@ class LlamaCppLLM:
     def _reusable(self, context: Sequence[int], tokens: Sequence[int], clean: int) -> int:
         """How many leading tokens of `tokens` a context holding `context` can give: the common
         prefix, and with `prefix_chunk` only within the context's whole aligned chunks."""
-        n = _common_prefix(context, tokens)
+        n = common_prefix(context, tokens)
         return min(n, clean) if self.settings.prefix_chunk else n
 
     def _eval_rows(self, batch: list[int]) -> list[np.ndarray]:
@@ -400,7 +393,7 @@ class LlamaCppLLM:
     def _best_saved(self, tokens: list[int]) -> tuple[int, ...] | None:
         best, best_len = None, 0
         for key in self._states:
-            n = _common_prefix(key, tokens)
+            n = common_prefix(key, tokens)
             if n > best_len:
                 best, best_len = key, n
         return best
@@ -470,11 +463,3 @@ def aligned_spans(start: int, end: int, chunk: int) -> list[tuple[int, int]]:
         start = stop
     return spans
 
-
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n

@@ -29,7 +29,15 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from metarag.errors import BackendError
-from metarag.llm.base import Decoding, TokenStream, entropy_of, log_softmax, sample_token, top_alternatives
+from metarag.llm.base import (
+    Decoding,
+    TokenStream,
+    common_prefix,
+    entropy_of,
+    log_softmax,
+    sample_token,
+    top_alternatives,
+)
 from metarag.records import Completion, Usage
 
 SHARE_MIN = 32  # a shared prefix shorter than this is evaluated again rather than copied
@@ -103,7 +111,7 @@ class SlotContext:
     def _place(self, requests: list[_Request]) -> None:
         """Each request's slot (the free one holding the longest prefix of its prompt) and what it
         keeps there; a request another one of the call shares a longer prefix with borrows it."""
-        reuse = [[min(_common_prefix(h, r.tokens), len(r.tokens) - 1) for h in self._held] for r in requests]
+        reuse = [[min(common_prefix(h, r.tokens), len(r.tokens) - 1) for h in self._held] for r in requests]
         free, todo = set(range(self.slots)), set(range(len(requests)))
         while todo:
             j, s = max(((j, s) for j in todo for s in free), key=lambda js: (reuse[js[0]][js[1]], -js[0], -js[1]))
@@ -111,7 +119,7 @@ class SlotContext:
             todo.discard(j)
             free.discard(s)
         for j, request in enumerate(requests):
-            lenders = [(min(_common_prefix(requests[i].tokens, request.tokens), len(request.tokens) - 1), i)
+            lenders = [(min(common_prefix(requests[i].tokens, request.tokens), len(request.tokens) - 1), i)
                        for i in range(j) if requests[i].donor is None]
             shared, i = max(lenders, default=(0, None))
             if i is not None and shared >= request.keep + SHARE_MIN:
@@ -225,11 +233,3 @@ class SlotContext:
         self._lib.llama_memory_clear(self._ctx.memory, True)
         self._held = [[] for _ in range(self.slots)]
 
-
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
