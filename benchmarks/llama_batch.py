@@ -15,7 +15,8 @@ lone greedy answers of the 0.5B equal). Both passes write to a temporary runs fo
 
 Measured 2026-12-07 (2 questions x 5 samples, the 1.5B, one thread, the two cores shared with the
 two background runs and a test suite): one at a time 465 s, lockstep 323 s: 1.44x (EM 20.0 and 30.0
-on 10 answers: the same distribution within its noise). A first version of this script, which ran the whole passes one after the other, said 1.9x: its
+on 10 answers: the same distribution within its noise). A first version of this script, which ran
+the whole passes one after the other, said 1.9x: its
 one-at-a-time passes shared the cores with a test run, the other passes did not. The gain is
 smaller than the 2.5x of decoding alone (four one-token sequences a step against one) because the
 agent rebuilds its prompt each turn: its prompt tokens, evaluated at the same speed either way,
