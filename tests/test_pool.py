@@ -159,6 +159,27 @@ def test_the_filter_reads_a_sampled_run_and_writes_the_kept_questions(tmp_path):
     assert short.returncode == 3 and not out.exists() and "2 kept of 3 questions decided" in short.stdout
     assert subprocess.run([*args, "--enough", "2"], capture_output=True, text=True).returncode == 0
     assert [json.loads(line)["id"] for line in out.read_text().splitlines()] == ["q0", "q2"]
+    # --status N: where the filter stands towards N kept, nothing written
+    status = subprocess.run([*args[:4], "--k", "4", "--keep", "1-3", "--status", "3"], capture_output=True, text=True)
+    assert status.returncode == 0 and not (tmp_path / "status.jsonl").exists()
+    assert status.stdout.startswith("3 of the pool's 3 questions decided, 2 kept (67 %, a 95 % Wilson interval of ")
+    assert "in 12 sampled answers (4.0 a question)" in status.stdout
+    assert "the whole pool keeps about 2, fewer than 3" in status.stdout
+
+
+def test_the_filter_s_progress_projects_the_kept_rate_over_the_rest_of_the_pool():
+    from metarag.train.difficulty import filter_progress
+
+    samples = [("mixed", 0, 1.0), ("mixed", 1, 0.0)] + [("never", i, 0.0) for i in range(5)]
+    samples += [("some", i, float(i < 2)) for i in range(5)] + [("running", i, 0.0) for i in range(2)]
+    # decided: mixed (kept, 2 answers), never (5), some (kept, 5); "running" is undecided and not counted
+    p = filter_progress(samples, pool=10, enough=4)
+    assert (p.decided, p.kept, p.answers) == (3, 2, 12)
+    assert p.needed == 6 and p.more_answers == 12  # 4 kept at 2 of 3: 6 questions, 3 more at 4 answers each
+    short = filter_progress(samples, pool=5, enough=4)  # the pool keeps ~3 < 4: all of it, 2 more questions
+    assert short.needed is None and short.more_answers == 8
+    none = filter_progress([("never", i, 0.0) for i in range(5)], pool=10, enough=4)
+    assert (none.decided, none.kept, none.needed, none.more_answers) == (1, 0, None, None)
 
 
 def test_a_question_stopped_early_at_a_right_and_a_wrong_sample_is_kept_by_a_1_to_k_minus_1_window():

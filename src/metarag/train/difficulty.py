@@ -84,3 +84,39 @@ def write_filtered(pool_file: str | Path, kept: Sequence[str], out_file: str | P
              if line.strip() and json.loads(line)["id"] in wanted]
     Path(out_file).write_text("".join(line + "\n" for line in lines))
     return len(lines)
+
+
+@dataclass(frozen=True)
+class FilterProgress:
+    """Where a filter still sampling stands: `decided` questions, `kept` of them, the `answers` (samples)
+    the decided ones took, and at the kept rate so far how many of the pool's `pool` questions keep
+    `enough` (`needed`; None when the whole pool is expected to keep fewer) and the answers that takes
+    beyond those already sampled (`more_answers`, at the decided questions' answers a question)."""
+
+    decided: int
+    kept: int
+    answers: int
+    pool: int
+    enough: int
+    needed: int | None
+    more_answers: int | None
+
+
+def filter_progress(samples: Sequence[tuple[str, int, float]], pool: int, enough: int, k: int = 5, low: int = 1,
+                    high: int = 4) -> FilterProgress:
+    """`difficulty_filter` of the samples so far, projected to `enough` kept questions out of a pool of
+    `pool` questions at the kept rate so far (the questions come in a seeded random order, so the rate so
+    far estimates the rest's). Nothing decided: no projection."""
+    import math
+
+    result = difficulty_filter(samples, k=k, low=low, high=high)
+    undecided = set(result.incomplete)
+    answers = sum(1 for q, i, _ in samples if i < k and q not in undecided)
+    decided, kept = result.measured, len(result.kept)
+    if not decided or not kept:
+        return FilterProgress(decided, kept, answers, pool, enough, None, None)
+    needed = math.ceil(enough * decided / kept)
+    if needed > pool:
+        return FilterProgress(decided, kept, answers, pool, enough, None, round((pool - decided) * answers / decided))
+    more = round(max(needed - decided, 0) * answers / decided)
+    return FilterProgress(decided, kept, answers, pool, enough, needed, more)
