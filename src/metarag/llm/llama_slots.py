@@ -87,9 +87,24 @@ class SlotContext:
         except ValueError as exc:
             raise BackendError(f"llama.cpp could not make a context of {slots} sequences x {settings.n_ctx} "
                                f"tokens: {exc}") from None
+        self._apply_adapter(llm._llm)
         self._batch = LlamaBatch(n_tokens=settings.n_batch, embd=0, n_seq_max=1, verbose=False)
         self._n_vocab = llm._n_vocab
         self._held: list[list[int]] = [[] for _ in range(slots)]  # the tokens whose cells each slot holds
+
+    def _apply_adapter(self, loaded) -> None:
+        """The LoRA adapter of the one-request context (`LlamaCppSettings.lora`), on this context too:
+        llama.cpp sets adapters per context, so without it a batched request of a checkpoint's run would
+        be answered by the base model."""
+        import ctypes
+
+        adapter = getattr(loaded, "_lora_adapter", None)
+        if adapter is None:
+            return
+        adapters = (self._lib.llama_adapter_lora_p_ctypes * 1)(adapter)
+        scales = (ctypes.c_float * 1)(loaded.lora_scale)
+        if self._lib.llama_set_adapters_lora(self._ctx.ctx, adapters, 1, scales):
+            raise BackendError(f"llama.cpp could not apply the LoRA adapter {loaded.lora_path} to the batched context")
 
     # ------------------------------------------------------------------------------------ public
     def generate(self, prompts: Sequence[list[int]], decodings: Sequence[Decoding]) -> list[Completion]:
