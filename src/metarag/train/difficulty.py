@@ -7,6 +7,7 @@ so it spends a step's rollouts on nothing.
 from __future__ import annotations
 
 import json
+import math
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -107,8 +108,6 @@ def filter_progress(samples: Sequence[tuple[str, int, float]], pool: int, enough
     """`difficulty_filter` of the samples so far, projected to `enough` kept questions out of a pool of
     `pool` questions at the kept rate so far (the questions come in a seeded random order, so the rate so
     far estimates the rest's). Nothing decided: no projection."""
-    import math
-
     result = difficulty_filter(samples, k=k, low=low, high=high)
     undecided = set(result.incomplete)
     answers = sum(1 for q, i, _ in samples if i < k and q not in undecided)
