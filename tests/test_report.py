@@ -192,6 +192,41 @@ def test_a_claims_verdict_follows_the_holm_adjusted_mcnemar_tests_of_the_table()
     assert "on 50 questions" in partial and "- self-ask: no run yet" in partial
 
 
+def test_a_verdict_names_runs_of_one_method_as_it_is_told():
+    from metarag.errors import ConfigError
+    from metarag.evaluate.paired import verdict
+
+    # a trained checkpoint against another and the untrained model: three runs of one method
+    runs = [_scored_run("u", "belief-agent", set(range(20))), _scored_run("o", "belief-agent", set(range(30))),
+            _scored_run("b", "belief-agent", set(range(60)))]
+    text = verdict(runs, 2, [1], dataset="d", names=["untrained", "pool-outcome", "pool-belief"])
+    assert "(EM; pool-belief against the rows" in text and "**reproduced**" in text
+    assert "- beats pool-outcome: Δ EM +30.0 points on 100 questions" in text
+    assert "Holm over the table's 2 comparisons" in text  # the untrained run is in the family, not claimed
+    with pytest.raises(ConfigError, match="2 names for 3 runs"):
+        verdict(runs, 2, [1], names=["a", "b"])
+
+
+def test_rows_of_one_method_are_told_apart_by_model_then_by_run_folder():
+    from metarag.evaluate.report import distinct_names
+
+    rows = [{"method": "closed-book", "model": "q", "run": "r0"},
+            {"method": "belief-agent", "model": "q", "run": "r1"},
+            {"method": "belief-agent", "model": "q+lora:1d4c1030", "run": "r2"},
+            {"method": "belief-agent", "model": "q+lora:1d4c1030", "run": "r3"}]
+    assert distinct_names(rows) == ["closed-book", "belief-agent (q)", "belief-agent (q+lora:1d4c1030) [r2]",
+                                    "belief-agent (q+lora:1d4c1030) [r3]"]
+
+
+def test_a_llama_cpp_model_with_an_adapter_is_named_apart_from_its_base():
+    from metarag.evaluate.cost import model_name, price_for
+
+    base = "llama.cpp:qwen2.5-coder-1.5b-instruct:sha256=cc324af070c2ecbf"
+    assert model_name(base) == "qwen2.5-coder-1.5b-instruct"
+    assert model_name(base + ":lora=1d4c1030a4712f31") == "qwen2.5-coder-1.5b-instruct+lora:1d4c1030"
+    assert price_for(base + ":lora=1d4c1030a4712f31").input_per_1m == 0.0  # still a local model
+
+
 def test_an_experiment_prints_the_verdict_on_its_claim_and_refuses_a_claim_without_its_row():
     from metarag.errors import ConfigError
     from metarag.evaluate.experiment import experiment_from_dict

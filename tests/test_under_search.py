@@ -10,7 +10,7 @@ import pytest
 from test_rewards import step_steps, trace_of
 
 from metarag.cli import main
-from metarag.errors import BackendError
+from metarag.errors import BackendError, DataError
 from metarag.evaluate.agent_analysis import (
     agent_summary,
     format_agent_analysis,
@@ -312,3 +312,32 @@ def test_searches_split_by_what_the_closed_book_model_knows(probed_run, tmp_path
     assert (split.searches_known, split.searches_unknown, split.difference) == pytest.approx((0.5, 1.0, 0.5))
     assert split.low <= 0.5 <= split.high
     assert "| run-probed | 2 | 2 | 1.00 | 0.50 | +0.50 |" in format_search_by_knowledge([probed_run], book)
+
+
+def test_the_lean_toward_what_the_model_does_not_know_against_a_baseline_run(probed_run, tmp_path, capsys):
+    from metarag.evaluate.agent_analysis import alignment_shift, format_alignment_shift
+
+    book = write_run(tmp_path / "cb", {q: trace_of(answer=a) for q, a in
+                                       (("q1", "Paris"), ("q2", "Paris"), ("q3", "Rome"), ("q4", "Rome"))},
+                     method="closed-book")
+    # the baseline searches everywhere once: gap 0; the probed run's gap is 1.0 - 0.5 = +0.5 (known q1 1, q2 0;
+    # unknown q3 1, q4 1)
+    flat = write_run(tmp_path / "run-flat", {q: renamed(trace_of(step_steps(0, SEARCH, belief=0.0),
+                                                                 step_steps(1, ANSWER, belief=0.0), answer="Paris"), q)
+                                             for q in ("q1", "q2", "q3", "q4")})
+    shift = alignment_shift(probed_run, flat, book)
+    assert (shift.unknown, shift.known) == (2, 2)
+    assert (shift.run_gap, shift.baseline_gap, shift.difference) == pytest.approx((0.5, 0.0, 0.5))
+    assert shift.low <= 0.5 <= shift.high
+    # against itself nothing moves, whatever the resample
+    same = alignment_shift(probed_run, probed_run, book)
+    assert (same.difference, same.low, same.high) == (0.0, 0.0, 0.0)
+    table = format_alignment_shift([flat, probed_run], 0, book)
+    assert "against run-flat" in table and "| run-probed | 2 | 2 | +0.50 | +0.00 | +0.50 |" in table
+    # report prints it under the split when given several runs and a closed-book run
+    assert main(["report", str(flat.path), str(probed_run.path), "--analysis", "agent",
+                 "--closed-book", str(book.path)]) == 0
+    assert "| run-probed | 2 | 2 | +0.50 | +0.00 | +0.50 |" in capsys.readouterr().out
+    with pytest.raises(DataError, match="knows none of the 4 questions"):
+        alignment_shift(probed_run, flat, write_run(tmp_path / "cb2", {q: trace_of(answer="Rome") for q in
+                                                                       ("q1", "q2", "q3", "q4")}, method="closed-book"))

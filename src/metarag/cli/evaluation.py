@@ -85,7 +85,8 @@ def add_report(sub) -> None:
     rp.add_argument("--closed-book", default=None, metavar="RUN",
                     help="with --analysis agent: a closed-book run of the same model over the same questions; each "
                          "agent's searches per question on the questions it does not know (closed-book wrong) and "
-                         "on those it does")
+                         "on those it does, and with several runs how much more each leans toward the first than "
+                         "the baseline run does (bootstrap CI)")
     rp.add_argument("--judge-prefix-chunk", type=int, default=0, metavar="C",
                     help="--prefix-chunk for a llama.cpp --judge-llm (exact KV-cache reuse: a verdict does not "
                          "depend on what the judge read before; a new judge id, so verdicts are judged anew)")
@@ -263,10 +264,14 @@ def cmd_report(args: argparse.Namespace) -> int:
         print()
         print(format_agent_analysis(runs))
         if args.closed_book:
-            from metarag.evaluate.agent_analysis import format_search_by_knowledge
+            from metarag.evaluate.agent_analysis import format_alignment_shift, format_search_by_knowledge
 
+            book = load_run(args.closed_book)
             print()
-            print(format_search_by_knowledge(runs, load_run(args.closed_book)))
+            print(format_search_by_knowledge(runs, book))
+            if len(runs) > 1:  # each run's lean toward what the model does not know, against the baseline's
+                print()
+                print(format_alignment_shift(runs, baseline, book))
     if args.analysis == "evoctx":
         from metarag.evaluate.evoctx_analysis import (
             allocation_vs_distance,

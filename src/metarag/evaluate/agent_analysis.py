@@ -197,7 +197,7 @@ def search_by_knowledge(run: LoadedRun, closed_book: LoadedRun) -> SearchByKnowl
     from metarag.evaluate.stats import mean_shift
 
     knows = {r.question_id: bool(r.scores.em) for r in closed_book.results}
-    counts = {r.question_id: sum(s.action == SEARCH for s in agent_steps(r.trace)) for r in run.results}
+    counts = _searches(run)
     shared = [q for q in run.question_ids if q in knows and q in counts]
     unknown = [float(counts[q]) for q in shared if not knows[q]]
     known = [float(counts[q]) for q in shared if knows[q]]
@@ -207,6 +207,67 @@ def search_by_knowledge(run: LoadedRun, closed_book: LoadedRun) -> SearchByKnowl
     shift = mean_shift(known, unknown)
     return SearchByKnowledge(run.name, len(unknown), len(known), sum(unknown) / len(unknown),
                              sum(known) / len(known), shift.diff, shift.low, shift.high)
+
+
+@dataclass(frozen=True)
+class AlignmentShift:
+    """How much more a run's searches lean toward the questions the model does not know than a
+    baseline run's, on the same questions: the run's gap (searches per question on the questions the
+    closed-book model gets wrong, minus those on the questions it gets right) minus the baseline's gap.
+    Positive: the run searches where the model does not know more selectively than the baseline (the
+    belief-action paper's claim for its consistency reward against Search-R1's outcome reward). The 95 %
+    interval bootstraps the questions within each of the two groups on their own (`stats.mean_shift`
+    over each question's run-minus-baseline searches), so the two runs stay paired question by
+    question."""
+
+    run: str
+    baseline: str
+    unknown: int
+    known: int
+    run_gap: float
+    baseline_gap: float
+    difference: float
+    low: float
+    high: float
+
+
+def _searches(run: LoadedRun) -> dict[str, float]:
+    return {r.question_id: float(sum(s.action == SEARCH for s in agent_steps(r.trace))) for r in run.results}
+
+
+def alignment_shift(run: LoadedRun, baseline: LoadedRun, closed_book: LoadedRun) -> AlignmentShift:
+    """`AlignmentShift` of `run` against `baseline`, both split by one closed-book run of the untrained
+    model over the same questions (the questions all three finished)."""
+    from metarag.evaluate.stats import mean_shift
+
+    knows = {r.question_id: bool(r.scores.em) for r in closed_book.results}
+    mine, theirs = _searches(run), _searches(baseline)
+    shared = [q for q in run.question_ids if q in knows and q in mine and q in theirs]
+    unknown = [q for q in shared if not knows[q]]
+    known = [q for q in shared if knows[q]]
+    if not unknown or not known:
+        raise DataError(f"{run.name}: the closed-book run {closed_book.name} knows {'all' if not unknown else 'none'} "
+                        f"of the {len(shared)} questions it shares with {baseline.name}: nothing to split")
+    mean = lambda counts, ids: sum(counts[q] for q in ids) / len(ids)  # noqa: E731
+    shift = mean_shift([mine[q] - theirs[q] for q in known], [mine[q] - theirs[q] for q in unknown])
+    return AlignmentShift(run.name, baseline.name, len(unknown), len(known),
+                          mean(mine, unknown) - mean(mine, known), mean(theirs, unknown) - mean(theirs, known),
+                          shift.diff, shift.low, shift.high)
+
+
+def format_alignment_shift(runs: Sequence[LoadedRun], baseline: int, closed_book: LoadedRun) -> str:
+    """The `AlignmentShift` table of every run against `runs[baseline]`."""
+    rows = [alignment_shift(run, runs[baseline], closed_book) for i, run in enumerate(runs) if i != baseline]
+    lines = [f"### Searches where the model does not know, against {runs[baseline].name}", "",
+             "Gap: searches per question on the questions the closed-book model gets wrong minus on those it gets "
+             "right. Difference: the run's gap minus the baseline's (positive: its searches lean more toward what "
+             "the model does not know), with a bootstrap 95 % CI over questions within each group, paired across "
+             "the two runs (10,000 resamples).", "",
+             "| run | unknown | known | gap | baseline's gap | difference | 95 % CI |",
+             "|---|---:|---:|---:|---:|---:|---|"]
+    lines += [f"| {r.run} | {r.unknown} | {r.known} | {r.run_gap:+.2f} | {r.baseline_gap:+.2f} | {r.difference:+.2f} | "
+              f"{r.low:+.2f}, {r.high:+.2f} |" for r in rows]
+    return "\n".join(lines)
 
 
 def format_search_by_knowledge(runs: Sequence[LoadedRun], closed_book: LoadedRun) -> str:

@@ -40,12 +40,16 @@ DEFAULT_PRICES: dict[str, Price] = {
 
 
 def model_name(identity: str) -> str:
-    """The model name inside an LLM identity ('openai:NAME@URL', 'llama.cpp:NAME:sha256=...')."""
+    """The model name inside an LLM identity ('openai:NAME@URL', 'llama.cpp:NAME:sha256=...'); a llama.cpp
+    model with a LoRA adapter applied ('...:lora=HASH') is 'NAME+lora:HASH8', since it is another model
+    (a table of a trained checkpoint against its base tells them apart by it)."""
     backend, _, rest = identity.partition(":")
     if backend == "openai":
         return rest.rsplit("@", 1)[0]
     if backend == "llama.cpp":
-        return rest.split(":", 1)[0]
+        _, tagged, adapter = rest.partition(":lora=")
+        name = rest.split(":", 1)[0]
+        return f"{name}+lora:{adapter[:8]}" if tagged else name
     return rest or identity
 
 

@@ -155,7 +155,8 @@ def row_name(run: LoadedRun) -> str:
 
 
 def verdict(runs: Sequence[LoadedRun], baseline: int, claimed: Sequence[int], *, dataset: str = "",
-            missing: Sequence[str] = (), power: float = 0.8, alpha: float = 0.05) -> str:
+            missing: Sequence[str] = (), power: float = 0.8, alpha: float = 0.05,
+            names: Sequence[str] | None = None) -> str:
     """A paper's claim that its method (the table's reference row, `baseline`) beats the `claimed` rows, read
     off the table: per claimed row, the reference's EM minus the row's, the exact McNemar p and its Holm
     adjustment over all the table's comparisons against the reference (the family `compare` corrects, so
@@ -164,7 +165,11 @@ def verdict(runs: Sequence[LoadedRun], baseline: int, claimed: Sequence[int], *,
     p < `alpha`); "refuted" when a claimed row beats the reference; "partly reproduced" when it beats some
     and no difference is found against the rest; "inconclusive at this power" when no difference is found
     (each comparison says what it could have detected). Rows still running, or claimed rows without a
-    run yet (`missing`), make it provisional."""
+    run yet (`missing`), make it provisional. `names`: what to call each run (default `row_name`, its
+    method: runs of one method, a trained checkpoint against its base, need names of their own)."""
+    if names is not None and len(names) != len(runs):
+        raise ConfigError(f"verdict: {len(names)} names for {len(runs)} runs")
+    label = (lambda i: names[i]) if names is not None else (lambda i: row_name(runs[i]))  # noqa: E731
     base = runs[baseline]
     others = [i for i in range(len(runs)) if i != baseline]
     if not claimed and not missing:
@@ -177,19 +182,19 @@ def verdict(runs: Sequence[LoadedRun], baseline: int, claimed: Sequence[int], *,
         diff = 100 * (test.lost - test.gained) / test.n
         seen = power_analysis(test.gained, test.lost, test.n, power=power, alpha=alpha)
         if adjusted[i] < alpha:
-            (beaten if diff > 0 else lost).append(row_name(runs[i]))
+            (beaten if diff > 0 else lost).append(label(i))
         outcome = ("beats" if diff > 0 else "loses to") if adjusted[i] < alpha else "no significant difference from"
         detectable = "none" if seen.detectable is None else f"±{100 * seen.detectable:.1f}"
-        lines.append(f"- {outcome} {row_name(runs[i])}: Δ EM {diff:+.1f} points on {test.n} questions (reference "
+        lines.append(f"- {outcome} {label(i)}: Δ EM {diff:+.1f} points on {test.n} questions (reference "
                      f"right alone on {test.lost}, the row alone on {test.gained}); exact McNemar p "
                      f"{format_p(test.p_value)}, Holm {format_p(adjusted[i])}; detectable at {100 * power:.0f} % "
                      f"power: {detectable}")
     lines += [f"- {name}: no run yet" for name in missing]
     word = VERDICTS["lost" if lost else "all" if len(beaten) == len(claimed) and claimed else
                     "some" if beaten else "none"]
-    running = [row_name(r) for r in runs if not r.complete]
+    running = [label(i) for i, r in enumerate(runs) if not r.complete]
     provisional = running or missing
-    head = (f"**Verdict{' on ' + dataset if dataset else ''}** (EM; {row_name(base)} against the rows the paper "
+    head = (f"**Verdict{' on ' + dataset if dataset else ''}** (EM; {label(baseline)} against the rows the paper "
             f"claims it beats; Holm over the table's {len(others)} comparisons): **{word}**")
     if provisional:
         head += " — provisional: " + "; ".join(

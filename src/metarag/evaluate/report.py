@@ -164,7 +164,7 @@ def format_report(runs: Sequence[LoadedRun], *, baseline: int | None = 0, tests:
     if len(runs) > 1 and baseline is not None:
         parts.append(comparison_legend(runs, baseline, tests))
     if power and len(runs) > 1 and baseline is not None:
-        parts.append("\n" + power_table(runs, baseline, names=[row["method"] for row in rows]))
+        parts.append("\n" + power_table(runs, baseline, names=distinct_names(rows)))
     if judges := format_answer_judges(runs):
         parts.append("\n" + judges)
     if breakdowns:
@@ -240,6 +240,14 @@ def by_type(runs: Sequence[LoadedRun], metric: str = "em") -> str:
         cells.append(_fmt(100 * sum(done) / len(done)) if done else "–")
         lines.append(f"| {label['method']} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def distinct_names(rows: Sequence[dict]) -> list[str]:
+    """How a table after the report names each row's run: its method, with its model where two rows share the
+    method (a trained checkpoint against its base), and its run folder where those are shared too."""
+    methods = [str(row["method"]) for row in rows]
+    names = [f"{m} ({row['model']})" if methods.count(m) > 1 else m for m, row in zip(methods, rows)]
+    return [f"{n} [{row['run']}]" if names.count(n) > 1 else n for n, row in zip(names, rows)]
 
 
 def answer_changes(runs: Sequence[LoadedRun], baseline: int = 0) -> str:
