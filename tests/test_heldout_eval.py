@@ -51,8 +51,9 @@ def test_the_reference_checkpoint_is_tested_against_the_others(tmp_path, capsys)
     assert "untrained = u; pool-outcome/checkpoint-100 = o; pool-belief/checkpoint-100 = b" in out
     assert "Against b, on the same questions" in out                    # the table's baseline is the reference
     assert "| belief-agent (scripted) [o] | 40 | 20 (0 / 20) | -50.0 |" in out   # its power table tells them apart
-    # its searches lean toward the 20 questions the book gets wrong (gap +1.00); the outcome run's do not (0)
-    assert "| o | 20 | 20 | +0.00 | +1.00 | -1.00 |" in out
+    # its searches lean toward the 20 questions the book gets wrong (gap +1.00); the outcome run's and the
+    # untrained run's do not (0: never, and always)
+    assert "| b | o | 20 | 20 | +1.00 | +0.00 | +1.00 |" in out and "| b | u | 20 | 20 | +1.00 | +0.00 | +1.00 |" in out
     # EM: belief right alone on 20 of 40 against the outcome run: reproduced; the untrained run is in the family
     assert "(EM; pool-belief/checkpoint-100 against the rows the paper claims it beats; Holm over the table's 2" in out
     assert "**reproduced**" in out and "- beats pool-outcome/checkpoint-100: Δ EM +50.0 points on 40 questions" in out

@@ -333,11 +333,11 @@ def test_the_lean_toward_what_the_model_does_not_know_against_a_baseline_run(pro
     same = alignment_shift(probed_run, probed_run, book)
     assert (same.difference, same.low, same.high) == (0.0, 0.0, 0.0)
     table = format_alignment_shift([flat, probed_run], 0, book)
-    assert "against run-flat" in table and "| run-probed | 2 | 2 | +0.50 | +0.00 | +0.50 |" in table
+    assert "| run-probed | run-flat | 2 | 2 | +0.50 | +0.00 | +0.50 |" in table
     # report prints it under the split when given several runs and a closed-book run
     assert main(["report", str(flat.path), str(probed_run.path), "--analysis", "agent",
                  "--closed-book", str(book.path)]) == 0
-    assert "| run-probed | 2 | 2 | +0.50 | +0.00 | +0.50 |" in capsys.readouterr().out
+    assert "| run-probed | run-flat | 2 | 2 | +0.50 | +0.00 | +0.50 |" in capsys.readouterr().out
     with pytest.raises(DataError, match="knows none of the 4 questions"):
         alignment_shift(probed_run, flat, write_run(tmp_path / "cb2", {q: trace_of(answer="Rome") for q in
                                                                        ("q1", "q2", "q3", "q4")}, method="closed-book"))

@@ -85,8 +85,8 @@ def add_report(sub) -> None:
     rp.add_argument("--closed-book", default=None, metavar="RUN",
                     help="with --analysis agent: a closed-book run of the same model over the same questions; each "
                          "agent's searches per question on the questions it does not know (closed-book wrong) and "
-                         "on those it does, and with several runs how much more each leans toward the first than "
-                         "the baseline run does (bootstrap CI)")
+                         "on those it does, and, with several runs, how much more each run's searches lean toward "
+                         "the questions it does not know than the baseline run's (bootstrap CI)")
     rp.add_argument("--judge-prefix-chunk", type=int, default=0, metavar="C",
                     help="--prefix-chunk for a llama.cpp --judge-llm (exact KV-cache reuse: a verdict does not "
                          "depend on what the judge read before; a new judge id, so verdicts are judged anew)")

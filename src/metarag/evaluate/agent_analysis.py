@@ -255,19 +255,24 @@ def alignment_shift(run: LoadedRun, baseline: LoadedRun, closed_book: LoadedRun)
                           shift.diff, shift.low, shift.high)
 
 
-def format_alignment_shift(runs: Sequence[LoadedRun], baseline: int, closed_book: LoadedRun) -> str:
-    """The `AlignmentShift` table of every run against `runs[baseline]`."""
-    rows = [alignment_shift(run, runs[baseline], closed_book) for i, run in enumerate(runs) if i != baseline]
-    lines = [f"### Searches where the model does not know, against {runs[baseline].name}", "",
+def alignment_table(shifts: Sequence[AlignmentShift]) -> str:
+    """`AlignmentShift`s as a markdown table, with its legend."""
+    lines = ["### Searches where the model does not know: run against run", "",
              "Gap: searches per question on the questions the closed-book model gets wrong minus on those it gets "
-             "right. Difference: the run's gap minus the baseline's (positive: its searches lean more toward what "
+             "right. Difference: the run's gap minus the other's (positive: the run's searches lean more toward what "
              "the model does not know), with a bootstrap 95 % CI over questions within each group, paired across "
              "the two runs (10,000 resamples).", "",
-             "| run | unknown | known | gap | baseline's gap | difference | 95 % CI |",
-             "|---|---:|---:|---:|---:|---:|---|"]
-    lines += [f"| {r.run} | {r.unknown} | {r.known} | {r.run_gap:+.2f} | {r.baseline_gap:+.2f} | {r.difference:+.2f} | "
-              f"{r.low:+.2f}, {r.high:+.2f} |" for r in rows]
+             "| run | against | unknown | known | run's gap | other's gap | difference | 95 % CI |",
+             "|---|---|---:|---:|---:|---:|---:|---|"]
+    lines += [f"| {r.run} | {r.baseline} | {r.unknown} | {r.known} | {r.run_gap:+.2f} | {r.baseline_gap:+.2f} | "
+              f"{r.difference:+.2f} | {r.low:+.2f}, {r.high:+.2f} |" for r in shifts]
     return "\n".join(lines)
+
+
+def format_alignment_shift(runs: Sequence[LoadedRun], baseline: int, closed_book: LoadedRun) -> str:
+    """The `AlignmentShift` table of every run against `runs[baseline]`."""
+    return alignment_table([alignment_shift(run, runs[baseline], closed_book)
+                            for i, run in enumerate(runs) if i != baseline])
 
 
 def format_search_by_knowledge(runs: Sequence[LoadedRun], closed_book: LoadedRun) -> str:
