@@ -165,6 +165,23 @@ def test_the_filter_reads_a_sampled_run_and_writes_the_kept_questions(tmp_path):
     assert status.stdout.startswith("3 of the pool's 3 questions decided, 2 kept (67 %, a 95 % Wilson interval of ")
     assert "in 12 sampled answers (4.0 a question)" in status.stdout
     assert "the whole pool keeps about 2, fewer than 3" in status.stdout
+    # --also: a second run over some of the same questions (here q2 and q1, the other way round), its samples
+    # joining where the first run has none: q1 right once in the second run's samples, kept too
+    other_answers = iter(["Rome", "Oslo"] * 1000)
+    more = tmp_path / "pool_train_tail.jsonl"
+    more.write_text("".join(line + "\n" for line in reversed(data.read_text().splitlines()[1:])))
+    other = run("closed-book", more, samples=6, runs_dir=tmp_path / "runs",
+                llm_instance=ScriptedLLM([("Question:", lambda prompt: next(other_answers))]))
+    merged = run_samples(sampled.path, other.path)
+    assert len(merged) == 12 + 2 * 2  # q1 and q2's samples 4 and 5 are new; their 0..3 are the first run's
+    assert [s for s in merged if s[0] == "q2" and s[1] < 4] == [s for s in run_samples(sampled.path) if s[0] == "q2"]
+    # at K = 6, q1's four wrong samples of the first run leave it undecided; the second run's fifth (wrong) and
+    # sixth (right) decide it
+    status = [*args[:4], "--k", "6", "--keep", "1-5", "--status", "3"]
+    alone = subprocess.run(status, capture_output=True, text=True).stdout
+    both = subprocess.run([*status, "--also", str(other.path)], capture_output=True, text=True).stdout
+    assert alone.startswith("2 of the pool's 3 questions decided, 2 kept") and "in 8 sampled answers" in alone
+    assert both.startswith("3 of the pool's 3 questions decided, 3 kept") and "in 16 sampled answers" in both
 
 
 def test_the_filter_s_progress_projects_the_kept_rate_over_the_rest_of_the_pool():

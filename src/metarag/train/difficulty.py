@@ -67,15 +67,26 @@ def difficulty_filter(samples: Sequence[tuple[str, int, float]], k: int = 5, low
     return Filtered(kept, dict(sorted(Counter(counts.values()).items())), k, incomplete, mixed)
 
 
-def run_samples(run_path: str | Path) -> list[tuple[str, int, float]]:
-    """The (question id, sample, EM) of every answer of a sampled run folder."""
+def run_samples(run_path: str | Path, *more: str | Path) -> list[tuple[str, int, float]]:
+    """The (question id, sample, EM) of every answer of a sampled run folder; with `more` run folders of the
+    same agent and sampling over (some of) the same questions, theirs too, a (question, sample) that an
+    earlier folder holds taken from it. Samples are independent draws of one policy, so a question's can
+    come from two runs: the filter's last shard and the same questions sampled from the other end, in reverse
+    order, by the stream that would otherwise wait (scripts/cpu-queue), merge here."""
     from metarag.evaluate.report import load_run
 
-    run = load_run(run_path)
-    if not run.samples:
-        raise DataError("the run holds one answer a question: the filter needs `eval --samples K` with K > 1",
-                        path=str(run_path))
-    return [(r.question_id, r.sample, r.scores.em) for r in run.samples]
+    seen: set[tuple[str, int]] = set()
+    out = []
+    for path in (run_path, *more):
+        run = load_run(path)
+        if not run.samples:
+            raise DataError("the run holds one answer a question: the filter needs `eval --samples K` with K > 1",
+                            path=str(path))
+        for r in run.samples:
+            if (r.question_id, r.sample) not in seen:
+                seen.add((r.question_id, r.sample))
+                out.append((r.question_id, r.sample, r.scores.em))
+    return out
 
 
 def write_filtered(pool_file: str | Path, kept: Sequence[str], out_file: str | Path) -> int:
