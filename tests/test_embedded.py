@@ -136,3 +136,28 @@ def test_threads_bound_the_prompt_evaluation_too():
     one = LlamaCppLLM(LlamaCppSettings(embedded="qwen2.5-coder-0.5b-instruct", n_ctx=256, n_threads=1))
     params = one._llm.context_params
     assert (params.n_threads, params.n_threads_batch) == (1, 1)
+
+
+def test_threads_bound_torch_in_the_same_run_too(monkeypatch):
+    """A llama.cpp run's MiniLM (EvoCtx's boundary judge, dense retrieval) runs on torch: `--threads` bounds it
+    too, by torch.set_num_threads once torch is imported and by OMP_NUM_THREADS before (the user's own kept)."""
+    import os
+    import sys
+
+    import torch
+
+    from metarag.llm.llama_cpp import same_threads_for_torch
+
+    before = torch.get_num_threads()
+    try:
+        same_threads_for_torch(1)
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+    monkeypatch.delitem(sys.modules, "torch")
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    same_threads_for_torch(1)
+    assert os.environ["OMP_NUM_THREADS"] == "1"
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    same_threads_for_torch(1)
+    assert os.environ["OMP_NUM_THREADS"] == "3"

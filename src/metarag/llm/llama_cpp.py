@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import sys
 import threading
 import time
 from collections import OrderedDict
@@ -104,6 +105,18 @@ class LlamaCppSettings:
             raise ConfigError(f"prefix_chunk must be 0 (off) or 1..n_batch ({self.n_batch}), got {self.prefix_chunk}")
 
 
+def same_threads_for_torch(threads: int) -> None:
+    """`--threads N` for the whole run, torch too: a llama.cpp run loads torch only for MiniLM (EvoCtx's
+    boundary judge, dense retrieval, the rerankers), which would otherwise take every core, and its threads
+    beside another run's on a shared core wait on each other. Before torch is imported, the variable it reads
+    when it is (OMP_NUM_THREADS, unless already set); after, `torch.set_num_threads`."""
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.set_num_threads(threads)
+    else:
+        os.environ.setdefault("OMP_NUM_THREADS", str(threads))
+
+
 class LlamaCppLLM:
     """The LLM protocol over llama.cpp, with the GGUF's own chat template."""
 
@@ -133,6 +146,8 @@ class LlamaCppLLM:
             check_adapter(adapter, path)  # what llama.cpp would crash on, refused by its metadata
             probe_adapter(adapter, path)  # the first decode, in a child process: a crash there is one line
         self._clean = 0  # the context's leading positions evaluated in whole aligned chunks (prefix_chunk)
+        if settings.n_threads:
+            same_threads_for_torch(settings.n_threads)
         try:
             threads = settings.n_threads or os.cpu_count()
             # n_threads_batch too: llama-cpp-python's own default for it is every core, so `--threads 1`
